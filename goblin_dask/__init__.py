@@ -1,0 +1,1 @@
+"""goblin-dask: verified scientific computing on volunteer machines."""

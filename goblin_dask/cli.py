@@ -1,0 +1,122 @@
+"""The ``goblin`` command: node, enroll, revoke, volunteer, demo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from goblin_dask.volunteer import volunteer_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def main() -> None:
+    """goblin-dask: verified scientific computing on volunteers' machines."""
+
+
+def _state_dir_option(f):
+    from goblin_dask.lab import default_state_dir
+
+    return click.option("--state-dir", default=str(default_state_dir()), envvar="GOBLIN_STATE_DIR",
+                        help="the lab node's state directory (secret, revocations, logs)")(f)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", help="address to listen on")
+@click.option("--port", default=8786, type=int, help="scheduler port (0: any free port)")
+@click.option("--dashboard-port", default=8787, type=int, help="dashboard and HTTP port (0: any free port)")
+@click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
+@_state_dir_option
+def node(host, port, dashboard_port, no_dashboard, state_dir):
+    """Run a lab node (scheduler with the goblin plugins) in the foreground."""
+    from goblin_dask.lab import run_async, serve_node
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
+
+    def ready(info):
+        click.echo(f"goblin lab node at {info['address']}")
+        if info["dashboard_link"]:
+            click.echo(f"dashboard: {info['dashboard_link']}")
+        click.echo("volunteers join with:")
+        click.echo(f"  goblin enroll --state-dir {state_dir}    # prints a credential")
+        click.echo(f"  goblin volunteer {info['address']} --token CREDENTIAL")
+        sys.stdout.flush()
+
+    run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready))
+
+
+@main.command("lab-worker", hidden=True)
+@click.argument("address")
+@click.option("--credential", required=True)
+@click.option("--nthreads", default=2, type=int)
+@click.option("--memory-limit", default="auto")
+@click.option("--host", default=None)
+def lab_worker(address, credential, nthreads, memory_limit, host):
+    """Run the trusted lab worker (started by the lab node)."""
+    from goblin_dask.lab import run_async, serve_lab_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin lab-worker %(levelname)s %(message)s")
+    run_async(serve_lab_worker(address, credential, nthreads=nthreads, memory_limit=memory_limit, host=host))
+
+
+@main.command()
+@click.option("--name", default=None, help="name to issue the credential for (default: a new one)")
+@_state_dir_option
+def enroll(name, state_dir):
+    """Print a volunteer credential for the lab node of STATE_DIR."""
+    from goblin_dask.credentials import LabKeys
+    from goblin_dask.lab import read_node_file
+
+    credential = LabKeys(state_dir).issue("volunteer", name)
+    click.echo(credential)
+    try:
+        address = read_node_file(state_dir)["address"]
+        click.echo(f"join with: goblin volunteer {address} --token {credential}", err=True)
+    except FileNotFoundError:
+        click.echo("(no lab node is running from this state directory right now)", err=True)
+
+
+@main.command()
+@click.argument("name")
+@_state_dir_option
+def revoke(name, state_dir):
+    """Revoke volunteer NAME's credential and disconnect it."""
+    from goblin_dask.credentials import LabKeys
+    from goblin_dask.lab import read_node_file
+
+    LabKeys(state_dir).revoke(name)
+    try:
+        address = read_node_file(state_dir)["address"]
+    except FileNotFoundError:
+        click.echo(f"revoked {name} (no running node to disconnect it from)")
+        return
+    from distributed import Client
+
+    with Client(address, timeout=10) as client:
+        closed = client.sync(client.scheduler.goblin_revoke, name=name)["closed"]
+    click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
+
+
+@main.command()
+@click.option("--n", "n", default=2048, type=int, help="matrix size (n x n)")
+@click.option("--chunk", default=None, type=int, help="block size (default: from the volunteers' memory)")
+@click.option("--volunteers", default=2, type=int)
+@click.option("--dtype", default="float64", type=click.Choice(["float64", "float32"]))
+@click.option("--json-report", is_flag=True, help="print the report as JSON only")
+def demo(n, chunk, volunteers, dtype, json_report):
+    """Start a local grid and compute a verified chunked matrix product on it."""
+    from goblin_dask.demo import run_demo
+
+    result = run_demo(n=n, chunk=chunk, volunteers=volunteers, dtype=dtype, echo=None if json_report else click.echo)
+    if json_report:
+        click.echo(json.dumps(result, indent=2, default=str))
+    if not result["matches_numpy"]:
+        sys.exit(1)
+
+
+main.add_command(volunteer_command)
+
+if __name__ == "__main__":
+    main()

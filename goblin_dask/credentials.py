@@ -1,0 +1,84 @@
+"""Credentials of a lab node: the lab secret in its state directory, and what it signs.
+
+A credential is ``gv1.<role>.<name>.<nonce>.<mac>``: the HMAC of role, name and nonce
+under the lab secret.  With the node's address it is all a volunteer needs to join;
+the node keeps no copy of it (it re-derives the MAC), only the names it has revoked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+ROLES = ("volunteer", "lab")
+_PREFIX = "gv1"
+
+
+class CredentialError(PermissionError):
+    """A credential that is malformed, forged, or revoked."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    role: str
+    name: str
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+class LabKeys:
+    """The signing secret and revocation list kept in a lab node's state directory."""
+
+    def __init__(self, state_dir: str | os.PathLike):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        secret_path = self.state_dir / "lab-secret"
+        if not secret_path.exists():
+            _write_private(secret_path, secrets.token_hex(32))
+        self._secret = bytes.fromhex(secret_path.read_text().strip())
+        self._revoked_path = self.state_dir / "revoked.json"
+
+    def _mac(self, role: str, name: str, nonce: str) -> str:
+        msg = f"{role}.{name}.{nonce}".encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:40]
+
+    def issue(self, role: str = "volunteer", name: str | None = None) -> str:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        name = name or f"{role}-{secrets.token_hex(3)}"
+        if not name.replace("-", "").replace("_", "").isalnum() or "." in name:
+            raise ValueError(f"credential name {name!r}: use letters, digits, '-' and '_' only")
+        if name in self.revoked():
+            raise CredentialError(f"name {name!r} was revoked on this lab node")
+        nonce = secrets.token_hex(8)
+        return f"{_PREFIX}.{role}.{name}.{nonce}.{self._mac(role, name, nonce)}"
+
+    def verify(self, credential: str) -> Identity:
+        parts = (credential or "").strip().split(".")
+        if len(parts) != 5 or parts[0] != _PREFIX or parts[1] not in ROLES:
+            raise CredentialError("malformed credential")
+        _, role, name, nonce, mac = parts
+        if not hmac.compare_digest(mac, self._mac(role, name, nonce)):
+            raise CredentialError("credential not signed by this lab node")
+        if name in self.revoked():
+            raise CredentialError(f"credential of {name!r} was revoked")
+        return Identity(role, name)
+
+    def revoked(self) -> set[str]:
+        try:
+            return set(json.loads(self._revoked_path.read_text()))
+        except FileNotFoundError:
+            return set()
+
+    def revoke(self, name: str) -> None:
+        names = self.revoked() | {name}
+        _write_private(self._revoked_path, json.dumps(sorted(names)))

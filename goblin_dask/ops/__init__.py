@@ -1,0 +1,44 @@
+"""The catalog: every operation the grid computes, one declaration each.
+
+``catalog()`` returns the registry (name -> OpSpec); volunteers run nothing else.
+"""
+
+from goblin_dask.ops.registry import (
+    CatalogError,
+    catalog,
+    get,
+    is_registered,
+    op_by_name,
+    register,
+    task_violation,
+)
+from goblin_dask.ops.spec import Aval, CatalogTask, Cost, OpSpec, get_backend, set_backend
+
+# Importing an op module registers its declarations.
+from goblin_dask.ops import (  # noqa: E402,F401  isort: skip
+    creation,
+    elementwise,
+    formula,
+    layout,
+    linalg,
+    random,
+    reductions,
+)
+from goblin_dask.ops.kernels import warm_up  # noqa: E402
+
+__all__ = [
+    "Aval",
+    "CatalogError",
+    "CatalogTask",
+    "Cost",
+    "OpSpec",
+    "catalog",
+    "get",
+    "get_backend",
+    "is_registered",
+    "op_by_name",
+    "register",
+    "set_backend",
+    "task_violation",
+    "warm_up",
+]

@@ -1,0 +1,1 @@
+"""Verification of volunteers' results (Freivalds checks, replicas, validators, trust)."""

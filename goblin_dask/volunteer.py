@@ -1,0 +1,206 @@
+"""The volunteer agent: a ``dask worker`` that runs catalog operations and nothing else.
+
+It holds that line by itself, whatever the lab node sends (see README, "What a
+volunteer accepts"):
+
+1. every unpickling in the process goes through :mod:`goblin_dask.safe_pickle`
+   (catalog ops by name, catalog tasks, numeric arrays, numbers, tuples, slices);
+2. handlers that run code, ingest objects or leak the machine's state are blocked
+   (:data:`BLOCKED_HANDLERS`), and worker plugins are refused even when the node sends
+   them at registration;
+3. before running a task, the agent re-checks it with the catalog's allow-list
+   (:func:`goblin_dask.ops.task_violation`) and fails it otherwise;
+4. there is no nanny and no preload; numba's cache lives in the agent's own directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+logger = logging.getLogger("goblin_dask.volunteer")
+
+#: Worker RPC handlers a volunteer refuses, and why (listed in README.md).
+BLOCKED_HANDLERS = {
+    "run": "runs a pickled function (client.run)",
+    "run_coroutine": "runs a pickled coroutine",
+    "plugin-add": "installs a pickled worker plugin",
+    "plugin-remove": "removes worker plugins",
+    "upload_file": "writes a file onto sys.path and imports it",
+    "actor_execute": "calls a method of an actor object",
+    "actor_attribute": "reads an attribute of an actor object",
+    "update_data": "pushes arbitrary objects into the worker's memory",
+    "gather": "makes the worker fetch arbitrary keys from arbitrary peers",
+    "connection_stream": "opens a stream that accepts compute-task from any peer",
+    "dump_state": "leaks the worker's state",
+    "get_story": "leaks the worker's task history",
+    "keys": "leaks the worker's keys",
+    "get_logs": "leaks the machine's logs",
+    "call_stack": "leaks the running call stacks",
+    "profile": "leaks profiling data",
+    "profile_metadata": "leaks profiling data",
+    "get_monitor_info": "leaks the machine's monitor data",
+    "benchmark_disk": "burns the volunteer's disk",
+    "benchmark_memory": "burns the volunteer's memory",
+    "benchmark_network": "burns the volunteer's network",
+}
+
+DEFAULT_BACKOFF = (1.0, 30.0)  # first and longest wait between connection attempts
+
+
+class RefusedByNode(RuntimeError):
+    """The lab node refused this volunteer (bad, revoked or banned credential)."""
+
+
+def _volunteer_worker_class():
+    from distributed import Worker
+    from distributed.worker_state_machine import ExecuteFailureEvent
+
+    from goblin_dask.ops import task_violation
+
+    class VolunteerWorker(Worker):
+        """A distributed Worker that refuses everything but catalog operations."""
+
+        async def plugin_add(self, plugin=None, name=None, catch_errors=True):
+            logger.warning("refused worker plugin %r: volunteers install no plugins", name)
+            return {"status": "error", "exception": None, "traceback": None,
+                    "exception_text": "volunteers refuse worker plugins", "traceback_text": ""}
+
+        async def execute(self, key, *, stimulus_id):
+            ts = self.state.tasks.get(key)
+            why = task_violation(ts.run_spec, where=f"task {key!r}") if ts is not None else None
+            if why is not None:
+                logger.warning("refused %s", why)
+                return ExecuteFailureEvent.from_exception(
+                    PermissionError(f"volunteer refused {why}"),
+                    key=key,
+                    run_id=ts.run_id,
+                    stimulus_id=f"goblin-refused-{time.time()}",
+                )
+            return await super().execute(key, stimulus_id=stimulus_id)
+
+    return VolunteerWorker
+
+
+def prepare_process(gpu: bool | None, local_directory: str) -> str:
+    """Harden and warm up this process; returns the kernel backend chosen."""
+    from goblin_dask import safe_pickle
+
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(local_directory) / "numba-cache"))
+    safe_pickle.install()
+    from goblin_dask import ops
+
+    backend = "cpu"
+    if gpu is not False:
+        try:
+            import cupy
+
+            cupy.cuda.runtime.getDeviceCount()
+            backend = "gpu"
+        except Exception as e:  # no cupy or no device
+            if gpu:
+                raise click.UsageError(f"--gpu asked, but no usable GPU: {e}") from e
+    ops.set_backend(backend)
+    compiled = ops.warm_up()
+    logger.info("catalog ready: %d ops, %d numba kernels compiled, backend %s", len(ops.catalog()), compiled, backend)
+    return backend
+
+
+async def _reachable(address: str, connection_args: dict, timeout: float) -> str | None:
+    """None when the node answers, else why not."""
+    from distributed.comm import connect
+
+    try:
+        comm = await connect(address, timeout=timeout, **connection_args)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    await comm.close()
+    return None
+
+
+async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, memory_limit="auto",
+                        local_directory: str | None = None, backoff=DEFAULT_BACKOFF, max_attempts: int | None = None,
+                        host: str | None = None, security=None) -> None:
+    """Join the lab node at ``address`` and compute until it closes; reconnect with backoff."""
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    VolunteerWorker = _volunteer_worker_class()
+
+    name = credential.split(".")[2] if credential.count(".") == 4 else None
+    connection_args = {} if security is None else security.get_connection_args("worker")
+    wait, attempts = backoff[0], 0
+    while True:
+        why = await _reachable(address, connection_args, timeout=max(wait, 3.0))
+        if why is None:
+            attempts = 0
+            wait = backoff[0]
+            worker = VolunteerWorker(
+                address, nthreads=nthreads, name=name, memory_limit=memory_limit, nanny=None,
+                resources={VOLUNTEER_RESOURCE: float(nthreads)}, local_directory=local_directory,
+                blocked_handlers=list(BLOCKED_HANDLERS), preload=[], preload_argv=[],
+                startup_information={"goblin": lambda w: {"credential": credential}},
+                host=host, security=security,
+            )
+            try:
+                await worker
+            except ValueError as e:
+                await worker.close(report=False)
+                raise RefusedByNode(str(e).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
+            logger.info("joined lab node %s as %s", address, name)
+            await worker.finished()
+            why = "lost the connection to the lab node"
+        attempts += 1
+        if max_attempts is not None and attempts >= max_attempts:
+            raise ConnectionError(f"cannot reach lab node at {address}: {why} (gave up after {attempts} attempts)")
+        print(f"goblin volunteer: cannot reach lab node at {address}: {why}; retrying in {wait:.0f} s", file=sys.stderr, flush=True)
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, backoff[1])
+
+
+@click.command("volunteer", context_settings={"show_default": True})
+@click.argument("address")
+@click.option("--token", "token", required=True, envvar="GOBLIN_TOKEN", help="credential from `goblin enroll`")
+@click.option("--name", default=None, help="the name the credential was issued for (checked)")
+@click.option("--nthreads", default=1, type=int, help="threads that compute catalog operations")
+@click.option("--memory-limit", default="auto", help="memory this volunteer lends, e.g. 4GB")
+@click.option("--gpu/--no-gpu", default=None, help="use cupy kernels on a GPU (default: when one is usable)")
+@click.option("--local-directory", default=None, help="scratch directory (default: a private temporary one)")
+@click.option("--host", default=None, help="address to listen on for the lab worker's fetches")
+@click.option("--max-attempts", default=None, type=int, help="give up after this many failed connection attempts")
+def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, host, max_attempts):
+    """Lend this machine to a lab node: compute its catalog operations, nothing else."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin volunteer %(levelname)s %(message)s")
+    parts = token.split(".")
+    if len(parts) != 5:
+        raise click.BadParameter("not a goblin credential (ask the lab for `goblin enroll`)", param_hint="--token")
+    if name is not None and name != parts[2]:
+        raise click.BadParameter(f"this credential was issued for {parts[2]!r}, not {name!r}", param_hint="--name")
+    local_directory = local_directory or tempfile.mkdtemp(prefix="goblin-volunteer-")
+    prepare_process(gpu, local_directory)
+    try:
+        asyncio.run(run_volunteer(address, token, nthreads=nthreads, memory_limit=memory_limit,
+                                  local_directory=local_directory, max_attempts=max_attempts, host=host))
+    except RefusedByNode as e:
+        click.echo(f"goblin volunteer: the lab node refused this volunteer: {e}", err=True)
+        sys.exit(2)
+    except ConnectionError as e:
+        click.echo(f"goblin volunteer: {e}", err=True)
+        sys.exit(3)
+    except KeyboardInterrupt:
+        pass
+
+
+def main(argv: list[str]) -> None:
+    """Do exactly what ``goblin volunteer ARGV...`` does (blocking)."""
+    volunteer_command.main(args=list(argv), prog_name="goblin volunteer", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

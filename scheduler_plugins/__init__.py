@@ -1,0 +1,39 @@
+"""Dask scheduler plugins that turn a scheduler into a goblin lab node.
+
+Use as ``dask scheduler --preload scheduler_plugins`` (state directory from the
+``GOBLIN_STATE_DIR`` environment variable or dask config ``goblin.state-dir``), or
+call :func:`install` on a Scheduler before it starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask
+
+from goblin_dask.credentials import LabKeys
+from scheduler_plugins.admission import AdmissionPlugin
+from scheduler_plugins.catalog_only import CatalogOnlyPlugin
+from scheduler_plugins.http import install_routes
+from scheduler_plugins.verification import VerificationLedger
+
+
+def install(scheduler, state_dir: str | os.PathLike) -> dict:
+    """Add the goblin plugins to ``scheduler``; returns them by name."""
+    if "goblin-admission" in scheduler.plugins:
+        return {n: scheduler.plugins[n] for n in ("goblin-admission", "goblin-catalog-only", "goblin-verification")}
+    keys = LabKeys(state_dir)
+    admission = AdmissionPlugin(scheduler, keys)
+    catalog_only = CatalogOnlyPlugin(scheduler, admission)
+    ledger = VerificationLedger(scheduler, admission, max_rejections=int(dask.config.get("goblin.max-rejections", 2)))
+    for plugin in (admission, catalog_only, ledger):
+        scheduler.add_plugin(plugin, name=plugin.name)
+    install_routes(scheduler, ledger)
+    return {p.name: p for p in (admission, catalog_only, ledger)}
+
+
+def dask_setup(scheduler) -> None:
+    state_dir = os.environ.get("GOBLIN_STATE_DIR") or dask.config.get("goblin.state-dir", None)
+    if not state_dir:
+        raise RuntimeError("goblin scheduler plugins need a state directory: set GOBLIN_STATE_DIR")
+    install(scheduler, state_dir)

@@ -1,0 +1,103 @@
+"""Admission: who may join the lab node as a worker, and in which role.
+
+Every worker presents a credential (``extra["goblin"]["credential"]`` of its
+``register-worker`` message).  The lab's trusted worker holds a ``lab`` credential,
+volunteers a ``volunteer`` one.  The role, not anything the worker claims, decides its
+resources: volunteers get ``goblin-volunteer`` slots, the lab worker ``goblin-lab``;
+scheduling by these resources is what keeps non-catalog work off volunteers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from goblin_dask.credentials import CredentialError, LabKeys
+from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
+
+logger = logging.getLogger("goblin_dask.admission")
+
+
+
+class AdmissionPlugin(SchedulerPlugin):
+    name = "goblin-admission"
+
+    def __init__(self, scheduler, keys: LabKeys):
+        self.scheduler = scheduler
+        self.keys = keys
+        self.roles: dict[str, str] = {}  # worker address -> "lab" | "volunteer"
+        self.names: dict[str, str] = {}  # worker address -> credential name
+        self.banned: set[str] = set()  # names banned in this node's lifetime
+        self.refusals: list[dict[str, str]] = []
+
+        self._add_worker = scheduler.handlers["register-worker"]
+        scheduler.handlers["register-worker"] = self.register_worker
+        scheduler.handlers["set_resources"] = self.refuse_set_resources
+        self._heartbeat = scheduler.handlers["heartbeat_worker"]
+        scheduler.handlers["heartbeat_worker"] = self.heartbeat_worker
+        scheduler.handlers["goblin_revoke"] = self.revoke_handler
+        scheduler.handlers["goblin_workers"] = self.workers_handler
+
+    # -- queries -----------------------------------------------------------------
+    def lab_workers(self) -> list[str]:
+        return [a for a, r in self.roles.items() if r == "lab" and a in self.scheduler.workers]
+
+    def volunteers(self) -> list[str]:
+        return [a for a, r in self.roles.items() if r == "volunteer" and a in self.scheduler.workers]
+
+    def is_volunteer(self, address: str) -> bool:
+        return self.roles.get(address) == "volunteer"
+
+    # -- handlers ----------------------------------------------------------------
+    async def register_worker(self, comm, *, address: str, name: Any = None, extra: dict | None = None,
+                              resources: dict | None = None, nthreads: int = 1, **kwargs):
+        credential = ((extra or {}).get("goblin") or {}).get("credential", "")
+        try:
+            ident = self.keys.verify(credential)
+            if ident.name in self.banned:
+                raise CredentialError(f"{ident.name!r} is banned from this lab node")
+            if ident.name in self.names.values():
+                raise CredentialError(f"{ident.name!r} is already connected")
+        except CredentialError as e:
+            self.refusals.append({"address": address, "reason": str(e)})
+            logger.warning("refused worker %s: %s", address, e)
+            await comm.write({"status": "error", "message": f"goblin lab node refused this worker: {e}"})
+            return
+        self.roles[address] = ident.role
+        self.names[address] = ident.name
+        slots = {VOLUNTEER_RESOURCE: float(nthreads)} if ident.role == "volunteer" else {LAB_RESOURCE: LAB_SLOTS}
+        logger.info("admitted %s %s at %s", ident.role, ident.name, address)
+        return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},
+                                      resources=slots, nthreads=nthreads, **kwargs)
+
+    def heartbeat_worker(self, *, address: str, resources: dict | None = None, **kwargs):
+        # Resources come from the role at admission; a heartbeat may not change them.
+        return self._heartbeat(address=address, **kwargs)
+
+    def refuse_set_resources(self, *args, **kwargs):
+        raise PermissionError("goblin lab node: worker resources are set by role at admission")
+
+    def revoke_handler(self, name: str) -> dict:
+        return {"closed": self.revoke(name)}
+
+    def workers_handler(self) -> dict:
+        return {a: {"role": self.roles[a], "name": self.names[a]} for a in self.scheduler.workers if a in self.roles}
+
+    # -- actions -----------------------------------------------------------------
+    def revoke(self, name: str, *, ban: bool = False) -> list[str]:
+        """Revoke ``name``'s credential and disconnect it; returns the closed addresses."""
+        self.keys.revoke(name)
+        if ban:
+            self.banned.add(name)
+        closed = [a for a, n in self.names.items() if n == name and a in self.scheduler.workers]
+        for addr in closed:
+            self.scheduler.loop.add_callback(
+                self.scheduler.remove_worker, addr, close=True, stimulus_id=f"goblin-revoke-{name}"
+            )
+        return closed
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self.roles.pop(worker, None)
+        self.names.pop(worker, None)
