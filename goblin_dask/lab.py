@@ -56,6 +56,7 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
                           validate=False)
     scheduler_plugins.install(scheduler, state_dir)
     async with scheduler:
+        close_on_signals(scheduler)
         info = {"address": scheduler.address, "dashboard_link": _dashboard_link(scheduler, host), "pid": os.getpid()}
         tmp = state_dir / (NODE_FILE + ".tmp")
         tmp.write_text(json.dumps(info))
@@ -84,7 +85,21 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     startup_information={"goblin": lambda w: {"credential": credential}})
     async with worker:
+        close_on_signals(worker)
         await worker.finished()
+
+
+def close_on_signals(server, on_close=None) -> None:
+    """SIGTERM/SIGINT close ``server`` gracefully (so its ``finally`` clean-ups run)."""
+    loop = asyncio.get_running_loop()
+
+    def close():
+        if on_close is not None:
+            on_close()
+        asyncio.ensure_future(server.close())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, close)
 
 
 # -- the embedded grid --------------------------------------------------------------

@@ -129,6 +129,7 @@ async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, mem
                         local_directory: str | None = None, backoff=DEFAULT_BACKOFF, max_attempts: int | None = None,
                         host: str | None = None, security=None) -> None:
     """Join the lab node at ``address`` and compute until it closes; reconnect with backoff."""
+    from goblin_dask.lab import close_on_signals
     from goblin_dask.roles import VOLUNTEER_RESOURCE
 
     VolunteerWorker = _volunteer_worker_class()
@@ -150,11 +151,18 @@ async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, mem
             )
             try:
                 await worker
-            except ValueError as e:
-                await worker.close(report=False)
-                raise RefusedByNode(str(e).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
+            except (ValueError, RuntimeError) as e:
+                cause = e.__cause__ if isinstance(e, RuntimeError) else e
+                await worker.close()
+                if isinstance(cause, ValueError) and "refused" in str(cause):
+                    raise RefusedByNode(str(cause).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
+                raise
             logger.info("joined lab node %s as %s", address, name)
+            stopping = []
+            close_on_signals(worker, on_close=lambda: stopping.append(True))
             await worker.finished()
+            if stopping:
+                return
             why = "lost the connection to the lab node"
         attempts += 1
         if max_attempts is not None and attempts >= max_attempts:

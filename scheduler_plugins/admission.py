@@ -10,6 +10,7 @@ scheduling by these resources is what keeps non-catalog work off volunteers.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -63,7 +64,7 @@ class AdmissionPlugin(SchedulerPlugin):
         except CredentialError as e:
             self.refusals.append({"address": address, "reason": str(e)})
             logger.warning("refused worker %s: %s", address, e)
-            await comm.write({"status": "error", "message": f"goblin lab node refused this worker: {e}"})
+            await comm.write({"status": "error", "time": time.time(), "message": f"goblin lab node refused this worker: {e}"})
             return
         self.roles[address] = ident.role
         self.names[address] = ident.name

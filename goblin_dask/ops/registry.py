@@ -77,7 +77,7 @@ def plain_data_violation(value: Any, where: str = "argument") -> str | None:
         return None if value.dtype.kind in "biufc" else f"{where}: numpy scalar of dtype {value.dtype}"
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc" or value.dtype.fields is not None:
-            return f"{where}: array of dtype {value.dtype!r} (only plain numeric arrays travel)"
+            return f"{where}: array of dtype {value.dtype} (only plain numeric arrays travel)"
         return None
     if isinstance(value, np.dtype):
         return None if value.kind in "biufc" and value.fields is None else f"{where}: dtype {value!r}"

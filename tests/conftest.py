@@ -1,0 +1,106 @@
+"""Shared fixtures: real lab nodes and volunteer processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dask._task_spec import DataNode, TaskRef
+
+from goblin_dask.lab import LabNode
+from goblin_dask.ops import CatalogTask, get
+from goblin_dask.validation.checks import insert_checks
+
+# The lab node's processes import the test modules' functions (the lab shares the
+# researcher's environment); volunteers never import them.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """One embedded grid (lab node + 2 volunteer processes) shared by the session's tests."""
+    with LabNode.local(volunteers=2) as node:
+        yield node
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.05):
+    """Poll until ``predicate()`` is true (waiting on an event, not timing anything)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def blocked_product_graph(a: np.ndarray, b: np.ndarray, block: int, name: str = "mm"):
+    """Graph of C = A @ B by blocks (one matmul task per (i, j, k), sums on the lab)."""
+    dsk = {"a": DataNode("a", a), "b": DataNode("b", b)}
+    nb_i, nb_k, nb_j = (-(-a.shape[0] // block), -(-a.shape[1] // block), -(-b.shape[1] // block))
+    for i in range(nb_i):
+        for k in range(nb_k):
+            dsk[("ablk", i, k)] = DataNode(("ablk", i, k), a[i * block:(i + 1) * block, k * block:(k + 1) * block])
+    for k in range(nb_k):
+        for j in range(nb_j):
+            dsk[("bblk", k, j)] = DataNode(("bblk", k, j), b[k * block:(k + 1) * block, j * block:(j + 1) * block])
+    keys = []
+    for i in range(nb_i):
+        for j in range(nb_j):
+            for k in range(nb_k):
+                key = (name, i, j, k)
+                dsk[key] = CatalogTask(key, get("matmul"), TaskRef(("ablk", i, k)), TaskRef(("bblk", k, j)))
+                keys.append(key)
+    return insert_checks(dsk), keys, (nb_i, nb_j, nb_k)
+
+
+def assemble(results: dict, shape, blocks) -> np.ndarray:
+    nb_i, nb_j, nb_k = blocks
+    rows = []
+    for i in range(nb_i):
+        rows.append(np.concatenate([sum(results[(i, j, k)] for k in range(nb_k)) for j in range(nb_j)], axis=1))
+    return np.concatenate(rows, axis=0)
+
+
+@pytest.fixture
+def rogue_node(tmp_path):
+    """A compromised lab node: a plain dask scheduler (no goblin plugins) with one goblin volunteer.
+
+    Yields (client, volunteer_address, volunteer_log_path, marker_path).
+    """
+    from distributed import Client
+
+    sched_file = tmp_path / "scheduler.json"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                              "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    procs = [sched]
+    try:
+        wait_for(sched_file.exists, "the rogue scheduler")
+        client = Client(scheduler_file=str(sched_file), timeout=60)
+        log = tmp_path / "volunteer.log"
+        with open(log, "wb") as f:
+            vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address,
+                                    "--token", "gv1.volunteer.victim.00.00", "--host", "127.0.0.1"],
+                                   stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        procs.append(vol)
+        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")
+        address = next(iter(client.scheduler_info()["workers"]))
+        yield client, address, log, tmp_path / "pwned", vol
+        client.close()
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def read_log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -1,0 +1,155 @@
+"""The embedded grid: real lab node, lab worker and volunteer processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+
+from goblin_dask.lab import LabNode, LabNodeStartError, read_node_file
+from tests.conftest import assemble, blocked_product_graph, wait_for
+
+
+def _product(client, a, b, block):
+    dsk, keys, blocks = blocked_product_graph(a, b, block)
+    results = client.get(dsk, keys)
+    return assemble({k[1:]: r for k, r in zip(keys, results)}, (a.shape[0], b.shape[1]), blocks)
+
+
+def test_verified_product_with_volunteers_taking_part(lab):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((300, 250)), rng.standard_normal((250, 200))
+    before = lab.report()
+    c = _product(lab.client, a, b, block=64)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
+    after = lab.report()
+    n_tasks = 5 * 4 * 4
+    assert after["accepted"] - before["accepted"] == n_tasks
+    assert after["rejected"] == before["rejected"]
+    assert after["by_method"]["freivalds"] - before["by_method"].get("freivalds", 0) == n_tasks
+    assert len(after["volunteers"]) == 2
+    assert all(v["accepted"] > 0 and not v["banned"] for v in after["volunteers"].values())
+
+
+def test_report_is_served_over_http(lab):
+    base = lab.dashboard_link.rsplit("/status", 1)[0]
+    with urllib.request.urlopen(base + "/goblin/report.json", timeout=30) as resp:
+        served = json.loads(resp.read())
+    assert {"tasks", "accepted", "rejected", "by_method", "volunteers", "overhead"} <= set(served)
+    assert set(served["volunteers"]) == set(lab.volunteer_names())
+
+
+@pytest.mark.slow
+def test_a_volunteer_killed_mid_product_loses_nothing():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((480, 480)), rng.standard_normal((480, 480))
+    with LabNode.local(volunteers=2) as node:
+        victim = node.volunteer_names()[0]
+        dsk, keys, blocks = blocked_product_graph(a, b, block=40)
+        futures = node.client.get(dsk, keys, sync=False)
+        wait_for(lambda: node.report()["volunteers"].get(victim, {}).get("accepted", 0) >= 5, "the victim to be busy")
+        assert node.report()["tasks"] < len(keys)  # killed mid-product
+        node.kill_volunteer(victim)
+        results = node.client.gather(futures)
+        c = assemble({k[1:]: r for k, r in zip(keys, results)}, a.shape, blocks)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
+        assert victim not in node.volunteer_names()
+        assert node.report()["rejected"] == 0
+
+
+def _run_volunteer(address, token, *extra, timeout=120):
+    return subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", address, "--token", token,
+                           "--host", "127.0.0.1", *extra], capture_output=True, text=True, timeout=timeout)
+
+
+def test_forged_and_revoked_credentials_are_refused(lab):
+    forged = lab.enroll("mallory")[:-4] + "0000"
+    proc = _run_volunteer(lab.address, forged)
+    assert proc.returncode == 2 and "not signed by this lab node" in proc.stderr
+    name = lab.add_volunteer(lab.enroll("eve"))
+    assert name == "eve" and "eve" in lab.volunteer_names()
+    assert lab.revoke("eve")
+    wait_for(lambda: "eve" not in lab.volunteer_names(), "eve to be disconnected")
+    lab.processes["eve"].wait(60)
+    proc = _run_volunteer(lab.address, _credential_of(lab, "eve"))
+    assert proc.returncode == 2 and "revoked" in proc.stderr
+    with pytest.raises(Exception, match="revoked"):
+        lab.enroll("eve")
+
+
+def _credential_of(lab, name):
+    return next(a for a in lab.processes[name].args if a.startswith("gv1."))
+
+
+def test_volunteer_that_cannot_reach_the_node_retries_and_says_why():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
+    proc = _run_volunteer(f"tcp://127.0.0.1:{port}", "gv1.volunteer.x.00.00", "--max-attempts", "2")
+    assert proc.returncode == 3
+    assert "cannot reach lab node" in proc.stderr and "retrying in 1 s" in proc.stderr
+    assert "gave up after 2 attempts" in proc.stderr
+
+
+def test_local_node_that_fails_to_start_names_the_part_and_cleans_up(tmp_path):
+    with pytest.raises(LabNodeStartError, match=r"part 'volunteer-\w+'") as info:
+        LabNode.local(volunteers=1, memory_limit="not-a-size", state_dir=tmp_path / "state", timeout=60)
+    assert "memory" in str(info.value).lower()
+    assert not (tmp_path / "state" / "node.json").exists()
+    _assert_no_process_left(tmp_path / "state")
+
+
+def _assert_no_process_left(marker: str) -> None:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    left = [line for line in out.splitlines() if str(marker) in line and "ps -eo" not in line]
+    assert not left, left
+
+
+def test_close_leaves_no_process_behind(tmp_path):
+    node = LabNode.local(volunteers=1, state_dir=tmp_path / "grid")
+    procs = list(node.processes.values())
+    assert len(procs) == 3 and all(p.poll() is None for p in procs)
+    node.close()
+    assert all(p.poll() is not None for p in procs)
+    _assert_no_process_left(tmp_path / "grid")
+
+
+def test_cli_node_enroll_volunteer_revoke(tmp_path):
+    """The commands a lab admin and a volunteer type, each in its own process."""
+    from distributed import Client
+
+    state = tmp_path / "node"
+    env = dict(os.environ, GOBLIN_STATE_DIR=str(state))
+    goblin = [sys.executable, "-m", "goblin_dask.cli"]
+    node = subprocess.Popen(goblin + ["node", "--port", "0", "--dashboard-port", "0"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    volunteer = None
+    try:
+        banner = [node.stdout.readline() for _ in range(5)]
+        assert banner[0].startswith("goblin lab node at tcp://127.0.0.1:")
+        assert "goblin volunteer" in "".join(banner)
+        address = read_node_file(state)["address"]
+        token = subprocess.run(goblin + ["enroll", "--name", "alice"], env=env, capture_output=True, text=True,
+                               check=True).stdout.strip()
+        volunteer = subprocess.Popen(goblin + ["volunteer", address, "--token", token, "--host", "127.0.0.1"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        with Client(address, timeout=60) as client:
+            wait_for(lambda: any(w["name"] == "alice" for w in client.scheduler_info()["workers"].values()),
+                     "alice to join")
+            out = subprocess.run(goblin + ["revoke", "alice"], env=env, capture_output=True, text=True, check=True)
+            assert "disconnected 1" in out.stdout
+            wait_for(lambda: not client.scheduler_info()["workers"], "alice to be disconnected")
+        assert volunteer.wait(60) is not None
+    finally:
+        for p in (node, volunteer):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
