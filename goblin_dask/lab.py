@@ -216,12 +216,16 @@ class LabNode:
         return self.keys.issue("volunteer", name)
 
     def add_volunteer(self, credential: str | None = None, *, nthreads: int | None = None, memory_limit=None,
-                      wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = ()) -> str:
-        """Start one more local volunteer process (as ``goblin volunteer`` would); returns its name."""
+                      wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = (),
+                      module: str = "goblin_dask.volunteer") -> str:
+        """Start one more local volunteer process (as ``goblin volunteer`` would); returns its name.
+
+        ``module`` is the program run with ``python -m`` (tests start deliberately faulty agents this way).
+        """
         credential = credential or self.enroll()
         name = credential.split(".")[2]
         self._start_part(name, [
-            "-m", "goblin_dask.volunteer", self.address, "--token", credential, "--host", "127.0.0.1",
+            "-m", module, self.address, "--token", credential, "--host", "127.0.0.1",
             "--nthreads", str(nthreads or getattr(self, "_threads", 1)),
             "--memory-limit", str(memory_limit or getattr(self, "_memory_limit", "auto")), *extra_args,
         ])
