@@ -66,10 +66,10 @@ def lab_worker(address, credential, nthreads, memory_limit, host):
 @_state_dir_option
 def enroll(name, state_dir):
     """Print a volunteer credential for the lab node of STATE_DIR."""
-    from goblin_dask.credentials import LabKeys
+    from goblin_dask.credentials import issue_credential
     from goblin_dask.lab import read_node_file
 
-    credential = LabKeys(state_dir).issue("volunteer", name)
+    credential = issue_credential(state_dir, "volunteer", name).encode()
     click.echo(credential)
     try:
         address = read_node_file(state_dir)["address"]
@@ -94,7 +94,9 @@ def revoke(name, state_dir):
         return
     from distributed import Client
 
-    with Client(address, timeout=10) as client:
+    from goblin_dask.credentials import admin_credential
+
+    with Client(address, timeout=10, security=admin_credential(state_dir).security()) as client:
         closed = client.sync(client.scheduler.goblin_revoke, name=name)["closed"]
     click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
 

@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-ROLES = ("volunteer", "lab")
+ROLES = ("volunteer", "lab")  # roles that join as workers and carry an admission token
 _PREFIX = "gv1"
 
 
@@ -82,3 +82,29 @@ class LabKeys:
     def revoke(self, name: str) -> None:
         names = self.revoked() | {name}
         _write_private(self._revoked_path, json.dumps(sorted(names)))
+
+
+def issue_credential(state_dir: str | os.PathLike, role: str, name: str | None = None):
+    """A full credential (TLS certificate under the lab CA, plus admission token for workers)."""
+    from goblin_dask.tls import LabCA
+
+    token = ""
+    if role in ROLES:
+        token = LabKeys(state_dir).issue(role, name)
+        name = token.split(".")[2]
+    elif not name:
+        raise ValueError(f"a {role} credential needs a name")
+    return LabCA(state_dir).issue(role, name, token=token)
+
+
+ADMIN_CREDENTIAL = "admin.credential"
+
+
+def admin_credential(state_dir: str | os.PathLike):
+    """The lab admin's credential, created with the node's state directory."""
+    from goblin_dask.tls import Credential
+
+    path = Path(state_dir) / ADMIN_CREDENTIAL
+    if not path.exists():
+        issue_credential(state_dir, "admin", "lab-admin").save(path)
+    return Credential.load(path)

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from goblin_dask.credentials import issue_credential
+
 logger = logging.getLogger("goblin_dask.lab")
 
 NODE_FILE = "node.json"
@@ -47,11 +49,16 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
     from distributed import Scheduler
 
     import scheduler_plugins
+    from goblin_dask.credentials import admin_credential
+    from goblin_dask.tls import LabCA
 
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
+    node_credential = LabCA(state_dir).issue("lab", "lab-node")
     dashboard = dashboard_port is not None
-    scheduler = Scheduler(host=host, port=port, dashboard=dashboard,
+    scheduler = Scheduler(host=host, port=port, dashboard=dashboard, protocol="tls",
+                          security=node_credential.security(),
                           dashboard_address=f"{host}:{dashboard_port}" if dashboard else None,
                           validate=False)
     scheduler_plugins.install(scheduler, state_dir)
@@ -80,13 +87,24 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     from distributed import Worker
 
     from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS
+    from goblin_dask.tls import Credential
 
+    cred = Credential.load(credential)
+    no_spilling()
     worker = Worker(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
-                    startup_information={"goblin": lambda w: {"credential": credential}})
+                    security=cred.security(),
+                    startup_information={"goblin": lambda w: {"credential": cred.token}})
     async with worker:
         close_on_signals(worker)
         await worker.finished()
+
+
+def no_spilling() -> None:
+    """Workers of a grid keep research data in memory: nothing spills to disk unasked."""
+    import dask
+
+    dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False})
 
 
 def close_on_signals(server, on_close=None) -> None:
@@ -151,9 +169,10 @@ class LabNode:
         node._threads = threads_per_volunteer
         try:
             node._start_scheduler(dashboard, timeout)
+            lab_credential = issue_credential(node.state_dir, "lab", LAB_WORKER_NAME)
             node._start_part(LAB_WORKER_NAME, [
                 "-m", "goblin_dask.cli", "lab-worker", node.address, "--credential",
-                node.keys.issue("lab", LAB_WORKER_NAME), "--nthreads", str(lab_threads),
+                str(lab_credential.save(node.state_dir / "lab-worker.credential")), "--nthreads", str(lab_threads),
                 "--memory-limit", str(lab_memory_limit), "--host", "127.0.0.1",
             ])
             names = [node.add_volunteer(wait=False) for _ in range(volunteers)]
@@ -199,7 +218,10 @@ class LabNode:
     def _connect(self, n_workers: int, timeout: float, parts: list[str]) -> None:
         from distributed import Client
 
-        self.client = Client(self.address, set_as_default=True, timeout=timeout)
+        from goblin_dask.credentials import admin_credential
+
+        self.client = Client(self.address, set_as_default=True, timeout=timeout,
+                             security=admin_credential(self.state_dir).security())
         deadline = time.monotonic() + timeout
         while len(self.client.scheduler_info(n_workers=-1)["workers"]) < n_workers:
             for part in parts:
@@ -213,7 +235,7 @@ class LabNode:
     # -- volunteers ---------------------------------------------------------
     def enroll(self, name: str | None = None) -> str:
         """A new volunteer credential; with ``.address`` it is all a volunteer needs."""
-        return self.keys.issue("volunteer", name)
+        return issue_credential(self.state_dir, "volunteer", name).encode()
 
     def add_volunteer(self, credential: str | None = None, *, nthreads: int | None = None, memory_limit=None,
                       wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = (),
@@ -222,8 +244,10 @@ class LabNode:
 
         ``module`` is the program run with ``python -m`` (tests start deliberately faulty agents this way).
         """
+        from goblin_dask.tls import Credential
+
         credential = credential or self.enroll()
-        name = credential.split(".")[2]
+        name = Credential.decode(credential).name
         self._start_part(name, [
             "-m", module, self.address, "--token", credential, "--host", "127.0.0.1",
             "--nthreads", str(nthreads or getattr(self, "_threads", 1)),
@@ -316,10 +340,17 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 def connect(address: str, credential: str | os.PathLike | None = None, **kwargs: Any):
-    """A ``distributed.Client`` for a researcher to a running lab node."""
+    """A ``distributed.Client`` for a researcher to a running lab node.
+
+    ``credential``: the file (or string) that ``goblin researchers approve`` issued.
+    """
     from distributed import Client
 
-    return Client(address, **kwargs)
+    from goblin_dask.tls import Credential
+
+    if credential is None:
+        raise ValueError("connect: a lab node only accepts researchers with a credential (credential=PATH)")
+    return Client(address, security=Credential.load(credential).security(), **kwargs)
 
 
 def run_async(coro) -> None:

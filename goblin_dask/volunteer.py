@@ -125,17 +125,26 @@ async def _reachable(address: str, connection_args: dict, timeout: float) -> str
     return None
 
 
-async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, memory_limit="auto",
+async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_limit="auto",
                         local_directory: str | None = None, backoff=DEFAULT_BACKOFF, max_attempts: int | None = None,
-                        host: str | None = None, security=None) -> None:
-    """Join the lab node at ``address`` and compute until it closes; reconnect with backoff."""
-    from goblin_dask.lab import close_on_signals
+                        host: str | None = None) -> None:
+    """Join the lab node at ``address`` and compute until it closes; reconnect with backoff.
+
+    ``credential`` is a :class:`goblin_dask.tls.Credential` (or its encoded string).
+    """
+    from goblin_dask.lab import close_on_signals, no_spilling
     from goblin_dask.roles import VOLUNTEER_RESOURCE
 
     VolunteerWorker = _volunteer_worker_class()
+    no_spilling()  # the lab's numbers never reach the volunteer's disk
 
-    name = credential.split(".")[2] if credential.count(".") == 4 else None
-    connection_args = {} if security is None else security.get_connection_args("worker")
+    from goblin_dask.tls import Credential
+
+    if not isinstance(credential, Credential):
+        credential = Credential.load(credential)
+    name = credential.name
+    security = credential.security()
+    connection_args = security.get_connection_args("worker")
     wait, attempts = backoff[0], 0
     while True:
         why = await _reachable(address, connection_args, timeout=max(wait, 3.0))
@@ -146,7 +155,7 @@ async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, mem
                 address, nthreads=nthreads, name=name, memory_limit=memory_limit, nanny=None,
                 resources={VOLUNTEER_RESOURCE: float(nthreads)}, local_directory=local_directory,
                 blocked_handlers=list(BLOCKED_HANDLERS), preload=[], preload_argv=[],
-                startup_information={"goblin": lambda w: {"credential": credential}},
+                startup_information={"goblin": lambda w: {"credential": credential.token}},
                 host=host, security=security,
             )
             try:
@@ -174,7 +183,8 @@ async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, mem
 
 @click.command("volunteer", context_settings={"show_default": True})
 @click.argument("address")
-@click.option("--token", "token", required=True, envvar="GOBLIN_TOKEN", help="credential from `goblin enroll`")
+@click.option("--token", "token", required=True, envvar="GOBLIN_TOKEN",
+              help="credential from `goblin enroll` (the string, or a file holding it)")
 @click.option("--name", default=None, help="the name the credential was issued for (checked)")
 @click.option("--nthreads", default=1, type=int, help="threads that compute catalog operations")
 @click.option("--memory-limit", default="auto", help="memory this volunteer lends, e.g. 4GB")
@@ -185,15 +195,18 @@ async def run_volunteer(address: str, credential: str, *, nthreads: int = 1, mem
 def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, host, max_attempts):
     """Lend this machine to a lab node: compute its catalog operations, nothing else."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin volunteer %(levelname)s %(message)s")
-    parts = token.split(".")
-    if len(parts) != 5:
-        raise click.BadParameter("not a goblin credential (ask the lab for `goblin enroll`)", param_hint="--token")
-    if name is not None and name != parts[2]:
-        raise click.BadParameter(f"this credential was issued for {parts[2]!r}, not {name!r}", param_hint="--name")
+    from goblin_dask.tls import Credential
+
+    try:
+        credential = Credential.load(token)
+    except (ValueError, OSError) as e:
+        raise click.BadParameter(f"{e} (ask the lab for `goblin enroll`)", param_hint="--token") from None
+    if name is not None and name != credential.name:
+        raise click.BadParameter(f"this credential was issued for {credential.name!r}, not {name!r}", param_hint="--name")
     local_directory = local_directory or tempfile.mkdtemp(prefix="goblin-volunteer-")
     prepare_process(gpu, local_directory)
     try:
-        asyncio.run(run_volunteer(address, token, nthreads=nthreads, memory_limit=memory_limit,
+        asyncio.run(run_volunteer(address, credential, nthreads=nthreads, memory_limit=memory_limit,
                                   local_directory=local_directory, max_attempts=max_attempts, host=host))
     except RefusedByNode as e:
         click.echo(f"goblin volunteer: the lab node refused this volunteer: {e}", err=True)

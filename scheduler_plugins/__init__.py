@@ -29,6 +29,7 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     for plugin in (admission, catalog_only, ledger):
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
+    admission.authorize_handlers()  # last: it wraps the handlers the others installed
     return {p.name: p for p in (admission, catalog_only, ledger)}
 
 

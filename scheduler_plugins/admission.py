@@ -1,7 +1,12 @@
-"""Admission: who may join the lab node as a worker, and in which role.
+"""Admission and authorization: who may talk to the lab node, and do what.
 
-Every worker presents a credential (``extra["goblin"]["credential"]`` of its
-``register-worker`` message).  The lab's trusted worker holds a ``lab`` credential,
+Every peer is authenticated by mutual TLS under the lab's CA; its certificate names
+its role and name (:func:`goblin_dask.tls.peer_identity`).  Each scheduler handler is
+wrapped to check that role: volunteers may only register and heartbeat
+(:data:`VOLUNTEER_HANDLERS`), researchers may not call admin handlers, and no
+certificate means no handler at all.  A worker also presents its signed admission
+token (``extra["goblin"]["credential"]`` of ``register-worker``), which must name the
+same holder as its certificate.  The lab's trusted worker holds a ``lab`` credential,
 volunteers a ``volunteer`` one.  The role, not anything the worker claims, decides its
 resources: volunteers get ``goblin-volunteer`` slots, the lab worker ``goblin-lab``;
 scheduling by these resources is what keeps non-catalog work off volunteers.
@@ -17,9 +22,18 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask.credentials import CredentialError, LabKeys
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
+from goblin_dask.tls import peer_identity
 
 logger = logging.getLogger("goblin_dask.admission")
 
+
+
+#: The scheduler handlers a volunteer's connection may call.
+VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity"})
+#: Handlers only the lab admin (and the lab's own processes) may call.
+ADMIN_HANDLERS = frozenset({"goblin_revoke", "terminate", "restart", "restart_workers", "retire_workers"})
+#: Roles allowed to open a client session.
+CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 
 
 class AdmissionPlugin(SchedulerPlugin):
@@ -57,6 +71,9 @@ class AdmissionPlugin(SchedulerPlugin):
         credential = ((extra or {}).get("goblin") or {}).get("credential", "")
         try:
             ident = self.keys.verify(credential)
+            peer = peer_identity(comm)
+            if peer != (ident.role, ident.name):
+                raise CredentialError(f"its certificate ({peer}) does not match its token ({ident.role}, {ident.name})")
             if ident.name in self.banned:
                 raise CredentialError(f"{ident.name!r} is banned from this lab node")
             if ident.name in self.names.values():
@@ -86,6 +103,11 @@ class AdmissionPlugin(SchedulerPlugin):
     def workers_handler(self) -> dict:
         return {a: {"role": self.roles[a], "name": self.names[a]} for a in self.scheduler.workers if a in self.roles}
 
+    def authorize_handlers(self) -> None:
+        """Wrap every scheduler handler with a check of the caller's certificate role."""
+        for op, handler in list(self.scheduler.handlers.items()):
+            self.scheduler.handlers[op] = _authorized(op, handler)
+
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
         """Revoke ``name``'s credential and disconnect it; returns the closed addresses."""
@@ -102,3 +124,37 @@ class AdmissionPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.roles.pop(worker, None)
         self.names.pop(worker, None)
+
+
+def _role_may_call(role: str | None, op: str) -> bool:
+    if role in ("admin", "lab"):
+        return True
+    if role == "researcher":
+        return op not in ADMIN_HANDLERS and op != "register-worker"
+    if role == "volunteer":
+        return op in VOLUNTEER_HANDLERS
+    return False
+
+
+def _authorized(op: str, handler):
+    import inspect
+
+    expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+    if op == "register-client":
+        allowed = lambda role: role in CLIENT_ROLES  # noqa: E731
+    else:
+        allowed = lambda role: _role_may_call(role, op)  # noqa: E731
+
+    async def authorized(comm, **msg):
+        peer = peer_identity(comm)
+        role = peer[0] if peer else None
+        if not allowed(role):
+            logger.warning("refused '%s' from %s (%s)", op, comm.peer_address, peer)
+            raise PermissionError(f"goblin lab node: '{op}' is not allowed for {peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}")
+        result = handler(comm, **msg) if expects_comm else handler(**msg)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    authorized.__name__ = getattr(handler, "__name__", op)
+    return authorized

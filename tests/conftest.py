@@ -74,19 +74,30 @@ def rogue_node(tmp_path):
     """
     from distributed import Client
 
+    from goblin_dask.credentials import issue_credential
+    from goblin_dask.tls import LabCA
+
+    # The compromised node holds the lab's own keys: it is the lab's CA that signed it.
+    state = tmp_path / "stolen-lab-state"
+    node_cred = LabCA(state).issue("lab", "lab-node")
+    for part in ("ca", "cert", "key"):
+        (tmp_path / f"node-{part}.pem").write_text(getattr(node_cred, part))
     sched_file = tmp_path / "scheduler.json"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                              "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file),
+                              "--protocol", "tls", "--tls-ca-file", str(tmp_path / "node-ca.pem"),
+                              "--tls-cert", str(tmp_path / "node-cert.pem"), "--tls-key", str(tmp_path / "node-key.pem")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     procs = [sched]
     try:
         wait_for(sched_file.exists, "the rogue scheduler")
-        client = Client(scheduler_file=str(sched_file), timeout=60)
+        client = Client(scheduler_file=str(sched_file), timeout=60, security=node_cred.security())
         log = tmp_path / "volunteer.log"
+        token = issue_credential(state, "volunteer", "victim").encode()
         with open(log, "wb") as f:
             vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address,
-                                    "--token", "gv1.volunteer.victim.00.00", "--host", "127.0.0.1"],
+                                    "--token", token, "--host", "127.0.0.1"],
                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs.append(vol)
         wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,9 @@ import urllib.request
 import numpy as np
 import pytest
 
+from goblin_dask.credentials import admin_credential, issue_credential
 from goblin_dask.lab import LabNode, LabNodeStartError, read_node_file
+from goblin_dask.tls import Credential
 from tests.conftest import assemble, blocked_product_graph, wait_for
 
 
@@ -69,7 +72,8 @@ def _run_volunteer(address, token, *extra, timeout=120):
 
 
 def test_forged_and_revoked_credentials_are_refused(lab):
-    forged = lab.enroll("mallory")[:-4] + "0000"
+    real = Credential.decode(lab.enroll("mallory"))
+    forged = dataclasses.replace(real, token=real.token[:-4] + "0000").encode()
     proc = _run_volunteer(lab.address, forged)
     assert proc.returncode == 2 and "not signed by this lab node" in proc.stderr
     name = lab.add_volunteer(lab.enroll("eve"))
@@ -84,16 +88,17 @@ def test_forged_and_revoked_credentials_are_refused(lab):
 
 
 def _credential_of(lab, name):
-    return next(a for a in lab.processes[name].args if a.startswith("gv1."))
+    return next(a for a in lab.processes[name].args if a.startswith("goblin1:"))
 
 
-def test_volunteer_that_cannot_reach_the_node_retries_and_says_why():
+def test_volunteer_that_cannot_reach_the_node_retries_and_says_why(tmp_path):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
-    proc = _run_volunteer(f"tcp://127.0.0.1:{port}", "gv1.volunteer.x.00.00", "--max-attempts", "2")
+    token = issue_credential(tmp_path, "volunteer", "x").encode()
+    proc = _run_volunteer(f"tls://127.0.0.1:{port}", token, "--max-attempts", "2")
     assert proc.returncode == 3
     assert "cannot reach lab node" in proc.stderr and "retrying in 1 s" in proc.stderr
     assert "gave up after 2 attempts" in proc.stderr
@@ -134,14 +139,14 @@ def test_cli_node_enroll_volunteer_revoke(tmp_path):
     volunteer = None
     try:
         banner = [node.stdout.readline() for _ in range(5)]
-        assert banner[0].startswith("goblin lab node at tcp://127.0.0.1:")
+        assert banner[0].startswith("goblin lab node at tls://127.0.0.1:")
         assert "goblin volunteer" in "".join(banner)
         address = read_node_file(state)["address"]
         token = subprocess.run(goblin + ["enroll", "--name", "alice"], env=env, capture_output=True, text=True,
                                check=True).stdout.strip()
         volunteer = subprocess.Popen(goblin + ["volunteer", address, "--token", token, "--host", "127.0.0.1"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        with Client(address, timeout=60) as client:
+        with Client(address, timeout=60, security=admin_credential(state).security()) as client:
             wait_for(lambda: any(w["name"] == "alice" for w in client.scheduler_info()["workers"].values()),
                      "alice to join")
             out = subprocess.run(goblin + ["revoke", "alice"], env=env, capture_output=True, text=True, check=True)

@@ -38,6 +38,8 @@ class Aval(NamedTuple):
     def of(cls, x: Any) -> "Aval":
         if isinstance(x, Aval):
             return x
+        if type(x) in (int, float, complex):
+            return WeakAval((), np.dtype(type(x)))
         if hasattr(x, "shape") and hasattr(x, "dtype"):
             return cls(tuple(int(s) for s in x.shape), np.dtype(x.dtype))
         a = np.asarray(x)
@@ -50,6 +52,20 @@ class Aval(NamedTuple):
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+    @property
+    def weak(self) -> bool:
+        return False
+
+
+class WeakAval(Aval):
+    """A Python int/float/complex operand: it takes the other operands' precision (NumPy's NEP 50)."""
+
+    __slots__ = ()
+
+    @property
+    def weak(self) -> bool:
+        return True
 
 
 class Cost(NamedTuple):
