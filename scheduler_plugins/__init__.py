@@ -15,22 +15,24 @@ from goblin_dask.credentials import LabKeys
 from scheduler_plugins.admission import AdmissionPlugin
 from scheduler_plugins.catalog_only import CatalogOnlyPlugin
 from scheduler_plugins.http import install_routes
+from scheduler_plugins.minimization import MinimizationPlugin
 from scheduler_plugins.verification import VerificationLedger
 
 
 def install(scheduler, state_dir: str | os.PathLike) -> dict:
     """Add the goblin plugins to ``scheduler``; returns them by name."""
     if "goblin-admission" in scheduler.plugins:
-        return {n: scheduler.plugins[n] for n in ("goblin-admission", "goblin-catalog-only", "goblin-verification")}
+        return {n: p for n, p in scheduler.plugins.items() if n.startswith("goblin-")}
     keys = LabKeys(state_dir)
     admission = AdmissionPlugin(scheduler, keys)
     catalog_only = CatalogOnlyPlugin(scheduler, admission)
+    minimization = MinimizationPlugin(scheduler)  # after placement: it judges what volunteers get
     ledger = VerificationLedger(scheduler, admission, max_rejections=int(dask.config.get("goblin.max-rejections", 2)))
-    for plugin in (admission, catalog_only, ledger):
+    for plugin in (admission, catalog_only, minimization, ledger):
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
     admission.authorize_handlers()  # last: it wraps the handlers the others installed
-    return {p.name: p for p in (admission, catalog_only, ledger)}
+    return {p.name: p for p in (admission, catalog_only, minimization, ledger)}
 
 
 def dask_setup(scheduler) -> None:

@@ -38,22 +38,29 @@ def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.05
         time.sleep(interval)
 
 
-def blocked_product_graph(a: np.ndarray, b: np.ndarray, block: int, name: str = "mm"):
-    """Graph of C = A @ B by blocks (one matmul task per (i, j, k), sums on the lab)."""
-    dsk = {"a": DataNode("a", a), "b": DataNode("b", b)}
+def blocked_product_graph(a: np.ndarray, b: np.ndarray, block: int):
+    """Graph of C = A @ B by blocks: one matmul task per (i, j, k), opaque keys like the array layer's.
+
+    Returns (graph, keys of the block products, block counts); key[1:] is (i, j, k).
+    """
+    from dask.base import tokenize
+
+    tok = tokenize(a, b, block)
+    src_a, src_b, prod = f"source-{tok[:16]}", f"source-{tok[16:]}", f"matmul-{tok}"
+    dsk = {}
     nb_i, nb_k, nb_j = (-(-a.shape[0] // block), -(-a.shape[1] // block), -(-b.shape[1] // block))
     for i in range(nb_i):
         for k in range(nb_k):
-            dsk[("ablk", i, k)] = DataNode(("ablk", i, k), a[i * block:(i + 1) * block, k * block:(k + 1) * block])
+            dsk[(src_a, i, k)] = DataNode((src_a, i, k), a[i * block:(i + 1) * block, k * block:(k + 1) * block])
     for k in range(nb_k):
         for j in range(nb_j):
-            dsk[("bblk", k, j)] = DataNode(("bblk", k, j), b[k * block:(k + 1) * block, j * block:(j + 1) * block])
+            dsk[(src_b, k, j)] = DataNode((src_b, k, j), b[k * block:(k + 1) * block, j * block:(j + 1) * block])
     keys = []
     for i in range(nb_i):
         for j in range(nb_j):
             for k in range(nb_k):
-                key = (name, i, j, k)
-                dsk[key] = CatalogTask(key, get("matmul"), TaskRef(("ablk", i, k)), TaskRef(("bblk", k, j)))
+                key = (prod, i, j, k)
+                dsk[key] = CatalogTask(key, get("matmul"), TaskRef((src_a, i, k)), TaskRef((src_b, k, j)))
                 keys.append(key)
     return insert_checks(dsk), keys, (nb_i, nb_j, nb_k)
 
