@@ -10,7 +10,8 @@ volunteer accepts"):
    them at registration;
 3. before running a task, the agent re-checks it with the catalog's allow-list
    (:func:`goblin_dask.ops.task_violation`) and fails it otherwise;
-4. there is no nanny and no preload; numba's cache lives in the agent's own directory.
+4. there is no nanny and no preload; numba's cache is private to the agent's user, and
+   the scratch directory is removed on exit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -89,11 +91,14 @@ def _volunteer_worker_class():
     return VolunteerWorker
 
 
-def prepare_process(gpu: bool | None, local_directory: str) -> str:
+def prepare_process(gpu: bool | None) -> str:
     """Harden and warm up this process; returns the kernel backend chosen."""
     from goblin_dask import safe_pickle
 
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(local_directory) / "numba-cache"))
+    # numba's cache holds only kernels compiled from this package; private and kept across runs
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "goblin-dask" / "numba"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache))
     safe_pickle.install()
     from goblin_dask import ops
 
@@ -203,8 +208,9 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
         raise click.BadParameter(f"{e} (ask the lab for `goblin enroll`)", param_hint="--token") from None
     if name is not None and name != credential.name:
         raise click.BadParameter(f"this credential was issued for {credential.name!r}, not {name!r}", param_hint="--name")
-    local_directory = local_directory or tempfile.mkdtemp(prefix="goblin-volunteer-")
-    prepare_process(gpu, local_directory)
+    scratch = None if local_directory else tempfile.mkdtemp(prefix="goblin-volunteer-")
+    local_directory = local_directory or scratch
+    prepare_process(gpu)
     try:
         asyncio.run(run_volunteer(address, credential, nthreads=nthreads, memory_limit=memory_limit,
                                   local_directory=local_directory, max_attempts=max_attempts, host=host))
@@ -216,6 +222,9 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
         sys.exit(3)
     except KeyboardInterrupt:
         pass
+    finally:
+        if scratch is not None:  # what the lab sent leaves nothing behind on this disk
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str]) -> None:
