@@ -1,0 +1,1 @@
+"""Chunk reductions (partials and combines) for goblin_dask.array."""
