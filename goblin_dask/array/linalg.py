@@ -1,0 +1,226 @@
+"""Blocked products sized for the volunteers: matmul, tensordot, einsum, dot.
+
+``C = A @ B`` is cut into output blocks ``C[i, j]``; each is one volunteer task when a
+row panel of A and a column panel of B fit the volunteer's memory budget, otherwise a
+chain ``C = A[i,0] @ B[0,j]``, then ``C += A[i,k] @ B[k,j]`` (``matmul_accumulate``) in
+increasing k, so at most one partial of each output block exists at a time and a
+volunteer never holds more than ``A[i,k]``, ``B[k,j]`` and two copies of ``C[i,j]``.
+Every step is a Freivalds-checkable product, checked on the lab worker.
+
+Block sizes come from the volunteers' memory limits as the lab node reports them
+(``client.scheduler_info()``): a task may use ``goblin.product.memory-fraction``
+(default 1/4) of a volunteer thread's share, leaving room for the next task's inputs
+arriving while one computes.  Output blocks are the largest squares that still give
+every volunteer thread work.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import dask
+import numpy as np
+
+from goblin_dask.array.core import Array, asarray, astype, catalog_task, from_graph, new_name
+from goblin_dask.array.layout import expand_dims, rechunk, reshape, squeeze, transpose
+from goblin_dask.ops import get
+from goblin_dask.ops.spec import Aval
+
+DEFAULT_VOLUNTEER_MEMORY = 2 * 2**30
+MIN_BLOCK = 64
+
+
+def volunteer_capacity() -> tuple[float, int]:
+    """(memory per volunteer thread in bytes, total volunteer threads) of the default client's lab node."""
+    configured = dask.config.get("goblin.product.volunteer-memory", None)
+    try:
+        from distributed import default_client
+
+        info = default_client().scheduler_info(n_workers=-1)["workers"].values()
+    except (ImportError, ValueError, TypeError, KeyError, AttributeError):
+        info = []
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    volunteers = [w for w in info if VOLUNTEER_RESOURCE in (w.get("resources") or {})]
+    threads = sum(int(w.get("nthreads", 1)) for w in volunteers)
+    if configured is not None:
+        return float(dask.utils.parse_bytes(configured) if isinstance(configured, str) else configured), max(threads, 1)
+    if not volunteers:
+        return float(DEFAULT_VOLUNTEER_MEMORY), 1
+    per_thread = min(float(w.get("memory_limit") or DEFAULT_VOLUNTEER_MEMORY) / max(int(w.get("nthreads", 1)), 1)
+                     for w in volunteers)
+    return per_thread, max(threads, 1)
+
+
+def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int) -> tuple[int, int, int]:
+    """(bm, bk, bn) for C (m x n) = A (m x k) @ B (k x n) within ``budget`` bytes per task."""
+    def need(bm, bk, bn):
+        return itemsize * (bm * bk + bk * bn + 2 * bm * bn)
+
+    b = max(m, n, 1)
+    while b > MIN_BLOCK and math.ceil(m / b) * math.ceil(n / b) < workers:
+        b = max(MIN_BLOCK, b // 2)
+    bm, bn, bk = min(b, max(m, 1)), min(b, max(n, 1)), max(k, 1)
+    while need(bm, bk, bn) > budget and bk > MIN_BLOCK:
+        bk = max(MIN_BLOCK, math.ceil(bk / 2))
+    while need(bm, bk, bn) > budget and max(bm, bn) > MIN_BLOCK:
+        bm, bn = max(min(bm, MIN_BLOCK), math.ceil(bm / 2)), max(min(bn, MIN_BLOCK), math.ceil(bn / 2))
+        bk = min(max(k, 1), max(bk, bm))
+        while need(bm, bk, bn) > budget and bk > MIN_BLOCK:
+            bk = max(MIN_BLOCK, math.ceil(bk / 2))
+    return bm, bk, bn
+
+
+def _even(n: int, b: int) -> tuple[int, ...]:
+    """Blocks of at most ``b`` covering ``n`` in near-equal sizes (better balance than b, b, ..., rest)."""
+    if n == 0:
+        return (0,)
+    count = math.ceil(n / b)
+    base, extra = divmod(n, count)
+    return tuple(base + (1 if i < extra else 0) for i in range(count))
+
+
+def matmul(a: Any, b: Any) -> Array:
+    """``a @ b`` with NumPy's rules (1-d operands, batch dimensions broadcast)."""
+    a, b = asarray(a), asarray(b)
+    out = get("matmul").abstract_eval(a.aval, b.aval)  # ValueError naming both shapes, before anything runs
+    if a.ndim == 1 and b.ndim == 1:
+        return reshape(_matmul2(reshape(a, (1, -1)), reshape(b, (-1, 1))), ())
+    if a.ndim == 1:
+        return squeeze(matmul(expand_dims(a, 0), b), -2)
+    if b.ndim == 1:
+        return squeeze(matmul(a, expand_dims(b, -1)), -1)
+    if a.ndim == 2 and b.ndim == 2:
+        return _matmul2(a, b)
+    return _batched(a, b, out)
+
+
+def _matmul2(a: Array, b: Array) -> Array:
+    (m, k), n = a.shape, b.shape[1]
+    dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
+    budget, workers = volunteer_capacity()
+    frac = float(dask.config.get("goblin.product.memory-fraction", 0.25))
+    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers)
+    a = rechunk(a, (_even(m, bm), _even(k, bk)))
+    b = rechunk(b, (_even(k, bk), _even(n, bn)))
+    name = new_name("matmul", a.name, b.name)
+    layer = {}
+    nk = a.numblocks[1]
+    for i in range(a.numblocks[0]):
+        for j in range(b.numblocks[1]):
+            acc = None
+            for kk in range(nk):
+                key = (name, i, j) if kk == nk - 1 else (f"{name}-partial", i, j, kk)
+                ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
+                if acc is None:
+                    layer[key] = catalog_task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
+                else:
+                    cav = Aval((ab.shape[0], bb.shape[1]), dtype)
+                    layer[key] = catalog_task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
+                                              avals=[cav, ab, bb])
+                from dask._task_spec import TaskRef
+
+                acc = TaskRef(key)
+    return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype, dependencies=[a, b])
+
+
+def _batched(a: Array, b: Array, out: Aval) -> Array:
+    """Batched products: one task per batch block and output block (inner axis whole)."""
+    from dask._task_spec import TaskRef
+
+    from goblin_dask.array.layout import broadcast_to
+
+    batch = out.shape[:-2]
+    a = broadcast_to(a, batch + a.shape[-2:]) if a.shape[:-2] != batch else a
+    b = broadcast_to(b, batch + b.shape[-2:]) if b.shape[:-2] != batch else b
+    from goblin_dask.array.core import _common_chunks
+
+    bchunks = tuple(_common_chunks(ca, cb) for ca, cb in zip(a.chunks[:-2], b.chunks[:-2]))
+    a = rechunk(a, bchunks + (a.chunks[-2], (a.shape[-1],)))
+    b = rechunk(b, bchunks + ((b.shape[-2],), b.chunks[-1]))
+    name = new_name("matmul", a.name, b.name)
+    layer = {}
+    import itertools
+
+    for bidx in itertools.product(*(range(len(c)) for c in bchunks)):
+        for i in range(a.numblocks[-2]):
+            for j in range(b.numblocks[-1]):
+                ia, ib = bidx + (i, 0), bidx + (0, j)
+                key = (name, *bidx, i, j)
+                layer[key] = catalog_task(key, "matmul", TaskRef(a.key(ia)), TaskRef(b.key(ib)),
+                                          avals=[a.block_aval(ia), b.block_aval(ib)])
+    return from_graph(name, layer, bchunks + (a.chunks[-2], b.chunks[-1]), out.dtype, dependencies=[a, b])
+
+
+def _tensordot_axes(a: Array, b: Array, axes: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if isinstance(axes, (int, np.integer)):
+        n = int(axes)
+        if n < 0 or n > min(a.ndim, b.ndim):
+            raise ValueError(f"tensordot: axes={n} is out of range for shapes {a.shape} and {b.shape}")
+        return tuple(range(a.ndim - n, a.ndim)), tuple(range(n))
+    try:
+        ax_a, ax_b = axes
+    except (TypeError, ValueError):
+        raise ValueError(f"tensordot: axes must be an int or a pair of axis sequences, got {axes!r}") from None
+    ax_a = (ax_a,) if isinstance(ax_a, (int, np.integer)) else tuple(ax_a)
+    ax_b = (ax_b,) if isinstance(ax_b, (int, np.integer)) else tuple(ax_b)
+    return tuple(int(x) % a.ndim for x in ax_a), tuple(int(x) % b.ndim for x in ax_b)
+
+
+def tensordot(a: Any, b: Any, axes: Any = 2) -> Array:
+    """Sum of products over ``axes`` (numpy.tensordot), computed as one blocked product."""
+    a, b = asarray(a), asarray(b)
+    ax_a, ax_b = _tensordot_axes(a, b, axes)
+    out = get("tensordot").abstract_eval(a.aval, b.aval, axes=(ax_a, ax_b))  # shape errors name both shapes
+    free_a = [d for d in range(a.ndim) if d not in ax_a]
+    free_b = [d for d in range(b.ndim) if d not in ax_b]
+    inner = math.prod(a.shape[d] for d in ax_a)
+    a2 = reshape(transpose(a, tuple(free_a) + ax_a), (math.prod(a.shape[d] for d in free_a), inner))
+    b2 = reshape(transpose(b, ax_b + tuple(free_b)), (inner, math.prod(b.shape[d] for d in free_b)))
+    return reshape(_matmul2(a2, b2), out.shape)
+
+
+def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Array:
+    """Matmul-like einsum of one or two operands (explicit output, distinct letters per operand)."""
+    if kwargs.get("optimize") not in (None, False, True, "greedy", "optimal") or set(kwargs) - {"optimize"}:
+        raise TypeError(f"einsum: unsupported arguments {sorted(kwargs)}")
+    arrays = [asarray(x) for x in operands]
+    out = get("einsum").abstract_eval(*(x.aval for x in arrays), subscripts=subscripts)  # validates the contraction
+    ins, out_sub = subscripts.replace(" ", "").split("->")
+    subs = ins.split(",")
+    # sum out letters that appear in one operand only and not in the output
+    reduced = []
+    for x, s in zip(arrays, subs):
+        others = "".join(t for t in subs if t is not s) + out_sub
+        gone = tuple(i for i, c in enumerate(s) if c not in others)
+        if gone:
+            from goblin_dask.array.reductions import sum as _sum
+
+            x = _sum(x, axis=gone)
+            s = "".join(c for i, c in enumerate(s) if i not in gone)
+        reduced.append((x, s))
+    if len(reduced) == 1:
+        x, s = reduced[0]
+        return transpose(x, tuple(s.index(c) for c in out_sub))
+    (x, sx), (y, sy) = reduced
+    batch = [c for c in sx if c in sy and c in out_sub]
+    if batch:
+        raise NotImplementedError(f"einsum: batch letters {batch} in {subscripts!r} (use matmul for batched products)")
+    contracted = [c for c in sx if c in sy]
+    result = tensordot(x, y, axes=(tuple(sx.index(c) for c in contracted), tuple(sy.index(c) for c in contracted)))
+    got = [c for c in sx if c not in contracted] + [c for c in sy if c not in contracted]
+    result = transpose(result, tuple(got.index(c) for c in out_sub))
+    return astype(result, out.dtype)
+
+
+def dot(a: Any, b: Any) -> Array:
+    """numpy.dot for 1-d and 2-d operands; N-d as tensordot over (last of a, second-last of b)."""
+    a, b = asarray(a), asarray(b)
+    if a.ndim == 0 or b.ndim == 0:
+        from goblin_dask.array.core import elementwise
+
+        return elementwise("multiply", a, b)
+    if a.ndim <= 2 and b.ndim <= 2:
+        return matmul(a, b)
+    return tensordot(a, b, axes=((a.ndim - 1,), (max(b.ndim - 2, 0),)))

@@ -1,0 +1,122 @@
+"""The lab's data as blocks: numpy arrays, memory-mapped files, xarray objects.
+
+Blocks are cut at the source, on the lab side: a numpy array's blocks travel as
+``DataNode`` views (only the block's numbers are pickled), a memmap's as lab-only
+loader tasks (:func:`read_block`, run by the lab worker, which opens the file and
+reads just that block), so a product of matrices larger than the lab worker's memory
+streams from disk.  A :class:`Source` can cut the same data again with other block
+sizes (``rechunk`` and the blocked product use it), instead of reassembling blocks.
+File paths and xarray names stay in these lab-side tasks and the researcher's process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+from dask._task_spec import DataNode, Task
+
+from goblin_dask.ops._factories import check_dtype
+
+
+def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, index: tuple) -> np.ndarray:
+    """Lab worker: one block of a file-backed array (a copy, so the mapping closes)."""
+    mm = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=tuple(shape), offset=offset, order=order)
+    try:
+        return np.array(mm[index])
+    finally:
+        del mm
+
+
+class Source:
+    """Data the lab holds, able to produce its blocks for any chunking."""
+
+    def __init__(self, data: Any):
+        self.data = data
+        self.file = _file_of(data)
+        self.dtype = np.dtype(data.dtype)
+        self.shape = tuple(int(s) for s in data.shape)
+        if self.file is not None:
+            stat = os.stat(self.file[0])
+            self.token = _tokenize("memmap", self.file, stat.st_size, stat.st_mtime_ns)
+        else:
+            self.token = _tokenize("ndarray", data)
+
+    def blocks(self, chunks: Any):
+        from goblin_dask.array.core import from_graph, normalize_chunks, offsets_of
+
+        chunks = normalize_chunks(chunks, self.shape, self.dtype, where="from_array")
+        name = f"source-{_tokenize(self.token, chunks)}"
+        offs = [offsets_of(c) for c in chunks]
+        layer = {}
+        for idx in itertools.product(*(range(len(c)) for c in chunks)):
+            index = tuple(slice(o[i], o[i + 1]) for o, i in zip(offs, idx))
+            key = (name, *idx)
+            if self.file is not None:
+                path, offset, order = self.file
+                layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index)
+            else:
+                layer[key] = DataNode(key, np.ascontiguousarray(self.data[index]) if self.data.ndim else self.data)
+        return from_graph(name, layer, chunks, self.dtype, source=self)
+
+
+def _tokenize(*args: Any) -> str:
+    from dask.base import tokenize
+
+    return tokenize(*args)
+
+
+def _file_of(x: Any) -> tuple[str, int, str] | None:
+    """(path, byte offset, order) when ``x`` is a whole-file ``np.memmap`` (not a view into one)."""
+    if not isinstance(x, np.memmap) or not getattr(x, "filename", None) or not isinstance(x.base, mmap.mmap):
+        return None
+    if x.flags.c_contiguous:
+        order = "C"
+    elif x.flags.f_contiguous:
+        order = "F"
+    else:
+        return None
+    return (os.fspath(x.filename), int(x.offset), order)
+
+
+def from_numpy_like(x: Any, chunks: Any):
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float, complex, bool, np.generic)):
+            x = np.asarray(x)
+        else:
+            raise TypeError(f"from_array: cannot make blocks of a {type(x).__name__}")
+    if x.dtype.kind in "USO" or x.dtype.fields is not None:
+        hint = " (text travels as integer tokens: see goblin_dask.text)" if x.dtype.kind in "USO" else ""
+        raise TypeError(f"from_array: unsupported dtype {x.dtype}{hint}; the grid computes on numeric and boolean arrays")
+    check_dtype("from_array", x.dtype)
+    return Source(x).blocks(chunks)
+
+
+def from_xarray(x: Any, chunks: Any):
+    """The xarray object with its numeric variables as ga.Arrays, or None if ``x`` is not xarray."""
+    mod = type(x).__module__
+    if not mod.startswith("xarray"):
+        return None
+    import xarray as xr
+
+    def convert(var):
+        data = var.data if isinstance(var.data, np.ndarray) else var.values
+        if data.dtype.kind not in "biufc" or data.dtype.fields is not None:
+            return var  # non-numeric variables stay in the researcher's process
+        if isinstance(chunks, dict):
+            per_axis = tuple(chunks.get(d, -1) for d in var.dims)
+        else:
+            per_axis = chunks
+        return var.copy(data=from_numpy_like(data, per_axis))
+
+    if isinstance(x, xr.DataArray):
+        return convert(x)
+    if isinstance(x, xr.Dataset):
+        out = x.copy()
+        for name, var in x.data_vars.items():
+            out[name] = convert(var)
+        return out
+    raise TypeError(f"from_array: unsupported xarray object {type(x).__name__}")
