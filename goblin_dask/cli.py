@@ -1,4 +1,4 @@
-"""The ``goblin`` command: node, enroll, revoke, volunteer, demo."""
+"""The ``goblin`` command: node, enroll, revoke, volunteer, demo, researchers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from goblin_dask.cli_researchers import researchers
 from goblin_dask.volunteer import volunteer_command
 
 
@@ -119,6 +120,7 @@ def demo(n, chunk, volunteers, dtype, json_report):
 
 
 main.add_command(volunteer_command)
+main.add_command(researchers)
 
 if __name__ == "__main__":
     main()

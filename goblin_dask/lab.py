@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dask
+
 from goblin_dask.credentials import issue_credential
 
 logger = logging.getLogger("goblin_dask.lab")
@@ -78,7 +80,8 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
 
 def _dashboard_link(scheduler, host: str) -> str | None:
     port = scheduler.services.get("dashboard") and scheduler.http_server.port
-    return f"http://{host}:{port}/status" if port else None
+    scheme = "https" if dask.config.get("distributed.scheduler.dashboard.tls.cert", None) else "http"
+    return f"{scheme}://{host}:{port}/status" if port else None
 
 
 async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memory_limit, host: str | None,
@@ -91,6 +94,9 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
 
     cred = Credential.load(credential)
     no_spilling()
+    # It holds the only accepted copy of every result and runs every check: pausing it when
+    # memory is high would stall the grid for good (volunteers cannot take its data).
+    dask.config.set({"distributed.worker.memory.pause": False})
     worker = Worker(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     security=cred.security(),
@@ -102,8 +108,6 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
 
 def no_spilling() -> None:
     """Workers of a grid keep research data in memory: nothing spills to disk unasked."""
-    import dask
-
     dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False})
 
 
@@ -151,7 +155,8 @@ class LabNode:
 
         options: ``state_dir`` (default: a new temporary directory, removed on close),
         ``lab_threads`` (2), ``lab_memory_limit`` ("auto"), ``dashboard`` (True),
-        ``timeout`` (seconds to wait for every part, 120).
+        ``timeout`` (seconds to wait for every part, 120).  The node takes the caller's ``goblin.*``
+        dask config (``goblin.smtp`` and ``goblin.admins`` make its dashboard's ``/goblin/signin`` work).
         """
         state_dir = options.pop("state_dir", None)
         owns = state_dir is None
@@ -187,9 +192,9 @@ class LabNode:
         logs.mkdir(exist_ok=True)
         return logs / f"{part}.log"
 
-    def _start_part(self, part: str, args: list[str]) -> subprocess.Popen:
+    def _start_part(self, part: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self._log_path(part), "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=str(self.state_dir))
         log.close()
@@ -204,7 +209,8 @@ class LabNode:
         args = ["-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0", "--state-dir", str(self.state_dir)]
         args += ["--dashboard-port", "0"] if dashboard else ["--no-dashboard"]
         (self.state_dir / NODE_FILE).unlink(missing_ok=True)
-        proc = self._start_part("scheduler", args)
+        inherited = dask.config.serialize({"goblin": dask.config.get("goblin", {})})
+        proc = self._start_part("scheduler", args, env={"DASK_INTERNAL_INHERIT_CONFIG": inherited})
         deadline = time.monotonic() + timeout
         while not (self.state_dir / NODE_FILE).exists():
             if proc.poll() is not None:

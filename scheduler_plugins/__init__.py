@@ -16,6 +16,7 @@ from scheduler_plugins.admission import AdmissionPlugin
 from scheduler_plugins.catalog_only import CatalogOnlyPlugin
 from scheduler_plugins.http import install_routes
 from scheduler_plugins.minimization import MinimizationPlugin
+from scheduler_plugins.signin import install_signin
 from scheduler_plugins.verification import VerificationLedger
 
 
@@ -31,6 +32,8 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     for plugin in (admission, catalog_only, minimization, ledger):
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
+    if "dashboard" in scheduler.services:  # researcher sign-in pages, on the dashboard port only
+        install_signin(scheduler, state_dir)
     admission.authorize_handlers()  # last: it wraps the handlers the others installed
     return {p.name: p for p in (admission, catalog_only, minimization, ledger)}
 

@@ -25,7 +25,11 @@ from scheduler_plugins.catalog_only import refused
 
 logger = logging.getLogger("goblin_dask.minimization")
 
-_TOKEN = re.compile(r"^(?:unverified-)?(?P<prefix>[a-z][a-z0-9_]*)-[0-9a-f]{8,}$")
+#: Fixed words the array layer appends to an opaque name for a task's intermediate parts
+#: (``matmul-<token>-partial``, a reduction's ``-tree``/``-block``/``-root`` ...): code, never data.
+KEY_SUFFIXES = ("partial", "tree", "block", "value", "index", "root")
+_TOKEN = re.compile(r"^(?:unverified-)?(?P<prefix>[a-z][a-z0-9_]*)-[0-9a-f]{8,}"
+                    rf"(?:-(?:{'|'.join(KEY_SUFFIXES)}))?$")
 #: Key prefixes that name no data: catalog ops plus the array layer's plumbing.
 PLUMBING_PREFIXES = frozenset({"array", "block", "source", "lab_block", "from_array", "rechunk", "chunk"})
 

@@ -456,7 +456,7 @@ def elementwise(opname: str, *args: Any, **params: Any) -> Array:
                 avals.append(a)
         key = (name, *idx)
         layer[key] = catalog_task(key, opname, *refs, avals=avals, **params)
-    return from_graph(name, layer, chunks, out.dtype, dependencies=arrays)
+    return from_graph(name, layer, chunks, out.dtype, dependencies=[a for a in aligned if isinstance(a, Array)])
 
 
 def astype(x: Array, dtype: Any) -> Array:

@@ -40,7 +40,7 @@ def _normalize_index(index: Any, shape: tuple[int, ...]) -> tuple:
         raise IndexError(f"getitem: too many indices for shape {shape}: {index!r}")
     if Ellipsis in index:
         e = index.index(Ellipsis)
-        index = index[:e] + (slice(None),) * (len(shape) - n_real) + index[e + 1:]
+        return index[:e] + (slice(None),) * (len(shape) - n_real) + index[e + 1:]
     return index + (slice(None),) * (len(shape) - n_real)
 
 
@@ -170,7 +170,12 @@ def reshape(x: Any, shape: Any) -> Array:
         zero = (0,) * x.ndim
         layer = {key: catalog_task(key, "reshape", src.ref(zero), avals=[src.block_aval(zero)], shape=out_shape)}
         return from_graph(name, layer, tuple((n,) for n in out_shape), x.dtype, dependencies=[src])
-    inchunks, outchunks, _, _ = reshape_rechunk(x.shape, out_shape, x.chunks)
+    try:
+        inchunks, outchunks, _, _ = reshape_rechunk(x.shape, out_shape, x.chunks)
+    except NotImplementedError:  # axes regroup across groups (e.g. (6, 4, 5) -> (12, 10)): go through 1-d
+        if x.ndim == 1 or len(out_shape) == 1:
+            raise
+        return reshape(reshape(x, (x.size,)), out_shape)
     x2 = rechunk(x, inchunks)
     layer = {}
     in_idx = itertools.product(*(range(len(c)) for c in inchunks))

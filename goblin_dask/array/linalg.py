@@ -61,15 +61,18 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     b = max(m, n, 1)
     while b > MIN_BLOCK and math.ceil(m / b) * math.ceil(n / b) < workers:
         b = max(MIN_BLOCK, b // 2)
-    bm, bn, bk = min(b, max(m, 1)), min(b, max(n, 1)), max(k, 1)
-    while need(bm, bk, bn) > budget and bk > MIN_BLOCK:
-        bk = max(MIN_BLOCK, math.ceil(bk / 2))
-    while need(bm, bk, bn) > budget and max(bm, bn) > MIN_BLOCK:
-        bm, bn = max(min(bm, MIN_BLOCK), math.ceil(bm / 2)), max(min(bn, MIN_BLOCK), math.ceil(bn / 2))
-        bk = min(max(k, 1), max(bk, bm))
-        while need(bm, bk, bn) > budget and bk > MIN_BLOCK:
-            bk = max(MIN_BLOCK, math.ceil(bk / 2))
-    return bm, bk, bn
+    bm, bn, k = min(b, max(m, 1)), min(b, max(n, 1)), max(k, 1)
+    while True:
+        if need(bm, k, bn) <= budget:
+            return bm, k, bn
+        # the longest inner step that fits; accept it once steps are no thinner than the blocks
+        bk = int((budget / itemsize - 2 * bm * bn) // (bm + bn)) if budget / itemsize > 2 * bm * bn else 0
+        if bk >= min(bm, bn, k) or max(bm, bn) <= MIN_BLOCK:
+            return bm, max(min(bk, k), 1), bn
+        if bm >= bn:
+            bm = max(MIN_BLOCK, math.ceil(bm / 2))
+        else:
+            bn = max(MIN_BLOCK, math.ceil(bn / 2))
 
 
 def _even(n: int, b: int) -> tuple[int, ...]:

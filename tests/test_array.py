@@ -1,0 +1,331 @@
+"""ga.Array against NumPy (float64 references), computed by dask's synchronous scheduler.
+
+The same graphs run on the grid in test_array_grid.py; here every operation of the
+array API is checked on random inputs with uneven blocks, broadcasting, size-1 and
+empty dimensions.  ``scheduler="sync"`` keeps these off any default client.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dask
+import goblin_dask.array as ga
+from goblin_dask.ops import CatalogTask, catalog
+from goblin_dask.ops._samples import computes_on, draw
+
+RNG = np.random.default_rng(20261203)
+
+
+def ev(x):
+    return np.asarray(x.compute(scheduler="sync"))
+
+
+def close(got, want, rtol=1e-10, atol=1e-12):
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+ELEMENTWISE = sorted(n for n, s in catalog().items() if "loop" in s.extra)
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_every_elementwise_op_with_broadcasting_and_uneven_blocks(name):
+    spec = catalog()[name]
+    dt = "float64" if computes_on(spec, "float64") else "int64"
+    shapes = [(7, 5), (5,), (7, 1)][: spec.arity]
+    chunks = [(3, 2), (2,), (4, 1)][: spec.arity]
+    arrays = [draw(spec, i, s, dt, RNG) for i, s in enumerate(shapes)]
+    with np.errstate(all="ignore"):
+        want = spec.numpy(*arrays)
+        got = ev(getattr(ga, name)(*(ga.from_array(a, chunks=c) for a, c in zip(arrays, chunks))))
+    assert got.dtype == want.dtype
+    close(got, want, rtol=1e-12)
+
+
+def test_operators_scalars_and_numpy_ufuncs():
+    a, b = RNG.standard_normal((6, 4)), RNG.standard_normal((4,))
+    x, y = ga.from_array(a, chunks=(4, 3)), ga.from_array(b, chunks=2)
+    close(ev(x + y * 2 - 1 / x), a + b * 2 - 1 / a)
+    close(ev(2 ** abs(x) // 1 % 3), 2 ** np.abs(a) // 1 % 3)
+    close(ev(-x), -a)
+    assert ev(x > y).dtype == bool and (ev(x > y) == (a > b)).all()
+    close(ev(np.exp(x) + np.sin(y)), np.exp(a) + np.sin(b))
+    close(ev(np.maximum(x, 0.5)), np.maximum(a, 0.5))
+    x32 = ga.from_array(a.astype(np.float32), chunks=3)
+    assert (x32 * 2.0).dtype == np.float32 and (x32 + np.float64(1)).dtype == np.float64  # NEP 50
+    close(ev(ga.where(x > 0, x, y)), np.where(a > 0, a, b))
+    close(ev(x.clip(-0.5, 0.5)), np.clip(a, -0.5, 0.5))
+    assert ev(x.astype("int32")).dtype == np.int32
+    close(ev(np.round(x)), np.round(a))
+
+
+def test_bad_input_fails_before_dispatch():
+    x = ga.from_array(np.ones((4, 3)), chunks=2)
+    with pytest.raises(ValueError, match=r"\(4, 3\).*\(4, 3\)|\(4, 3\) and \(4, 3\)"):
+        x @ x
+    with pytest.raises(ValueError, match="broadcast|shape"):
+        x + ga.ones((5,))
+    with pytest.raises(TypeError, match="dtype"):
+        ga.from_array(np.array(["a", "b"]))
+    with pytest.raises(TypeError, match="dtype"):
+        ga.from_array(np.zeros(3, dtype=[("f", "f8")]))
+    with pytest.raises(ValueError, match="chunks"):
+        ga.from_array(np.ones((4, 3)), chunks=(3, 3, 3))
+    with pytest.raises(ValueError, match="chunks"):
+        ga.from_array(np.ones((4, 3)), chunks=((1, 1), (3,)))
+    with pytest.raises(ValueError, match="chunks"):
+        ga.from_array(np.ones((4, 3)), chunks=0)
+    with pytest.raises(IndexError):
+        x[4]
+    with pytest.raises(TypeError, match="arrays or lists"):
+        x[[0, 1]]
+    with pytest.raises(TypeError, match="not supported on ga.Array"):
+        np.cumsum(x)
+    with pytest.raises(ValueError, match="formula"):
+        ga.formula("__import__('os')", a=x)
+
+
+REDUCTIONS = ["sum", "prod", "mean", "max", "min", "var", "std", "any", "all"]
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 2), -1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions(name, axis, keepdims):
+    a = RNG.uniform(0.5, 1.5, (5, 6, 4))
+    if name in ("any", "all"):
+        a = a > 1.2
+    x = ga.from_array(a, chunks=(2, 4, 3))
+    want = getattr(np, name)(a, axis=axis, keepdims=keepdims)
+    got = ev(getattr(x, name)(axis=axis, keepdims=keepdims))
+    assert got.dtype == np.asarray(want).dtype
+    close(got, want, rtol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_arg_reductions_with_ties_and_nan(name, axis):
+    a = RNG.integers(0, 3, (7, 9)).astype(float)  # many ties: the first index must win
+    x = ga.from_array(a, chunks=(3, 4))
+    assert (ev(getattr(ga, name)(x, axis=axis)) == getattr(np, name)(a, axis=axis)).all()
+    a[2, 5] = a[5, 1] = np.nan
+    x = ga.from_array(a, chunks=(3, 4))
+    assert (ev(getattr(ga, name)(x, axis=axis)) == getattr(np, name)(a, axis=axis)).all()
+
+
+@pytest.mark.parametrize("name", ["nansum", "nanmean", "nanmax", "nanmin", "nanvar", "nanstd", "nanargmax", "nanargmin", "nanprod"])
+def test_nan_reductions(name):
+    a = RNG.standard_normal((6, 5))
+    a[a > 1.0] = np.nan
+    x = ga.from_array(a, chunks=(4, 2))
+    for axis in (None, 0, 1):
+        close(ev(getattr(np, name)(x, axis=axis)), getattr(np, name)(a, axis=axis))
+
+
+def test_reductions_on_nan_inf_ints_and_empty():
+    a = np.array([[1.0, np.inf, 2.0], [np.nan, 0.0, -np.inf]])
+    x = ga.from_array(a, chunks=1)
+    close(ev(x.sum(axis=1)), a.sum(axis=1))
+    close(ev(x.max(axis=0)), a.max(axis=0))
+    i = RNG.integers(-100, 100, (9, 4)).astype(np.int32)
+    xi = ga.from_array(i, chunks=(4, 3))
+    assert ev(xi.sum()).dtype == i.sum().dtype and ev(xi.sum()) == i.sum()
+    close(ev(xi.mean(axis=0)), i.mean(axis=0))
+    close(ev(xi.var(axis=0)), i.var(axis=0))
+    e = ga.from_array(np.zeros((0, 3)))
+    close(ev(e.sum(axis=0)), np.zeros(3))
+    with pytest.raises(ValueError, match="zero-size"):
+        e.max(axis=0)
+
+
+def test_float32_results_stay_float32_and_close():
+    a = RNG.standard_normal((300, 40)).astype(np.float32)
+    x = ga.from_array(a, chunks=(70, 40))
+    assert x.sum(axis=0).dtype == np.float32 and x.var().dtype == np.float32
+    close(ev(x.mean(axis=0)), a.astype(np.float64).mean(axis=0), rtol=1e-5, atol=1e-6)
+    close(ev(x.std()), a.astype(np.float64).std(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((7, 5), (5, 3)), ((1, 5), (5, 1)), ((5,), (5, 4)), ((6, 5), (5,)), ((5,), (5,)),
+                                    ((3, 0), (0, 4)), ((0, 4), (4, 2)), ((2, 6, 5), (5, 3)), ((2, 6, 5), (2, 5, 4))])
+def test_matmul_shapes(shapes):
+    a, b = (RNG.standard_normal(s) for s in shapes)
+    x, y = ga.from_array(a, chunks=2), ga.from_array(b, chunks=3)
+    close(ev(x @ y), a @ b)
+    close(ev(np.matmul(x, y)), a @ b)
+
+
+def test_blocked_product_accumulates_along_k_within_the_memory_budget():
+    a, b = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200))
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):  # 200 KB per task: k must be split
+        z = ga.from_array(a) @ ga.from_array(b)
+    graph = dict(z.__dask_graph__())
+    ops = {v.op.name for v in graph.values() if isinstance(v, CatalogTask)}
+    assert "matmul_accumulate" in ops
+    close(ev(z), a @ b)
+    from goblin_dask.array.linalg import product_blocks
+
+    bm, bk, bn = product_blocks(300, 500, 200, 8, 200_000, 2)
+    assert 8 * (bm * bk + bk * bn + 2 * bm * bn) <= 200_000
+    assert product_blocks(8192, 8192, 8192, 8, 3e9, 2) == (4096, 8192, 4096)
+
+
+def test_tensordot_einsum_dot():
+    a, b = RNG.standard_normal((4, 5, 6)), RNG.standard_normal((6, 5, 3))
+    x, y = ga.from_array(a, chunks=(3, 2, 4)), ga.from_array(b, chunks=(4, 5, 2))
+    close(ev(ga.tensordot(x, y, axes=((1, 2), (1, 0)))), np.tensordot(a, b, axes=((1, 2), (1, 0))))
+    close(ev(np.tensordot(x, y, axes=1)), np.tensordot(a, b, axes=1))
+    m, n = RNG.standard_normal((5, 4)), RNG.standard_normal((4, 3))
+    xm, xn = ga.from_array(m, chunks=2), ga.from_array(n, chunks=3)
+    for sub, ops in (("ij,jk->ik", (m, n)), ("ij,jk->ki", (m, n)), ("ij->ji", (m,)), ("ij->i", (m,)),
+                     ("ij,kj->ik", (m, n.T.copy()))):
+        gops = [ga.from_array(o, chunks=2) for o in ops]
+        close(ev(ga.einsum(sub, *gops)), np.einsum(sub, *ops))
+    close(ev(xm.dot(xn)), m.dot(n))
+    with pytest.raises(ValueError):
+        ga.tensordot(x, y, axes=((0,), (0,)))
+
+
+@pytest.mark.parametrize("index", [
+    (slice(1, 6), slice(None, None, 2)), (slice(None, None, -1), 3), (-1,), (Ellipsis, 1), (None, slice(2, 3), None),
+    (slice(8, 1, -3), slice(-2, None)), (slice(5, 2), slice(None)), (2, -3), (slice(None), None, slice(1, None, 4)),
+])
+def test_getitem(index):
+    a = RNG.standard_normal((9, 7))
+    x = ga.from_array(a, chunks=(4, 3))
+    close(ev(x[index]), a[index])
+
+
+def test_layout_ops():
+    a = RNG.standard_normal((6, 4, 5))
+    x = ga.from_array(a, chunks=(4, 3, 2))
+    close(ev(x.T), a.T)
+    close(ev(x.transpose(1, 0, 2)), a.transpose(1, 0, 2))
+    close(ev(np.transpose(x, (2, 0, 1))), np.transpose(a, (2, 0, 1)))
+    for shape in [(24, 5), (6, 20), (120,), (2, 3, 4, 5), (-1, 10), (6, 4, 5, 1)]:
+        close(ev(x.reshape(shape)), a.reshape(shape))
+    close(ev(ga.concatenate([x, x[:2]], axis=0)), np.concatenate([a, a[:2]], axis=0))
+    close(ev(ga.concatenate([x, ga.from_array(a[:, :, :1], chunks=1)], axis=-1)), np.concatenate([a, a[:, :, :1]], axis=-1))
+    close(ev(ga.stack([x, x + 1], axis=1)), np.stack([a, a + 1], axis=1))
+    close(ev(ga.squeeze(x[:, :1], 1)), a[:, 0])
+    close(ev(ga.expand_dims(x, (0, 3))), np.expand_dims(a, (0, 3)))
+    close(ev(ga.broadcast_to(ga.from_array(a[:1, :, :1]), (3, 4, 5))), np.broadcast_to(a[:1, :, :1], (3, 4, 5)))
+    close(ev(ga.moveaxis(x, 0, -1)), np.moveaxis(a, 0, -1))
+    mixed = ga.concatenate([ga.from_array(a[:, :, :2].astype(np.float32)), x[:, :, 2:]], axis=2)
+    assert mixed.dtype == np.float64
+
+
+def test_rechunk_keeps_values():
+    a = RNG.standard_normal((10, 9))
+    x = ga.from_array(a, chunks=(3, 4)) + 0  # not source-backed: a real rechunk
+    for chunks in [(5, 9), (1, 2), ((4, 6), (2, 2, 5)), (10, 1), "auto"]:
+        y = x.rechunk(chunks)
+        close(ev(y), a + 0)
+    assert x.rechunk((5, 3)).chunks == ((5, 5), (3, 3, 3))
+    src = ga.from_array(a, chunks=3).rechunk(5)  # cut again at the source
+    assert all(not isinstance(v, CatalogTask) for v in dict(src.__dask_graph__()).values())
+
+
+def test_creation():
+    close(ev(ga.zeros((5, 3), chunks=2)), np.zeros((5, 3)))
+    close(ev(ga.ones((4,), dtype="int16", chunks=3)), np.ones(4, np.int16))
+    close(ev(ga.full((3, 4), 2.5, chunks=(2, 3))), np.full((3, 4), 2.5))
+    for args in [(10,), (2, 17, 3), (5.0, -3.0, -0.7), (0, 1, 0.1)]:
+        close(ev(ga.arange(*args, chunks=3)), np.arange(*args), rtol=1e-12, atol=1e-12)
+        assert ga.arange(*args).dtype == np.arange(*args).dtype
+    for k in (-2, 0, 3):
+        close(ev(ga.eye(6, 7, k=k, chunks=(4, 3))), np.eye(6, 7, k=k))
+
+
+def test_random_is_deterministic_per_seed_and_well_distributed():
+    x = ga.random.standard_normal((400, 300), chunks=(100, 150), seed=5)
+    a, b = ev(x), ev(ga.random.standard_normal((400, 300), chunks=(100, 150), seed=5))
+    assert (a == b).all() and not (a == ev(ga.random.standard_normal((400, 300), chunks=(100, 150), seed=6))).all()
+    assert abs(a.mean()) < 0.02 and abs(a.std() - 1) < 0.02
+    blocks = {a[i:i + 100, j:j + 150].tobytes() for i in range(0, 400, 100) for j in range(0, 300, 150)}
+    assert len(blocks) == 8  # every block has its own stream
+    u = ev(ga.random.uniform(-2, 3, size=(1000,), chunks=300, seed=1))
+    assert u.min() >= -2 and u.max() < 3 and abs(u.mean() - 0.5) < 0.15
+    graph = dict(x.__dask_graph__())
+    assert all(isinstance(v, CatalogTask) and v.placement == "volunteer" for v in graph.values())
+
+
+def test_formula():
+    a, b = RNG.standard_normal((8, 6)), RNG.uniform(0, 2, (6,))
+    x, y = ga.from_array(a, chunks=(3, 4)), ga.from_array(b, chunks=4)
+    got = ev(ga.formula("a * exp(-b) + c", a=x, b=y, c=2.0))
+    close(got, a * np.exp(-b) + 2.0)
+    task = next(v for v in dict(ga.formula("alpha * beta", alpha=x, beta=y).__dask_graph__()).values()
+                if isinstance(v, CatalogTask) and v.op.name == "formula")
+    assert "alpha" not in task.kwargs["expr"] and "x0" in task.kwargs["expr"]
+
+
+def test_memmap_blocks_are_read_on_the_lab_side(tmp_path):
+    path = tmp_path / "data.f8"
+    a = RNG.standard_normal((50, 40))
+    mm = np.memmap(path, dtype="f8", mode="w+", shape=a.shape)
+    mm[:] = a
+    mm.flush()
+    x = ga.from_array(np.memmap(path, dtype="f8", mode="r", shape=a.shape), chunks=(20, 15))
+    graph = dict(x.__dask_graph__())
+    assert not any(isinstance(v, np.ndarray) or getattr(v, "value", None) is not None for v in graph.values())
+    close(ev(x.T @ x), a.T @ a)
+    close(ev(x.rechunk((25, 40)).sum(axis=0)), a.sum(axis=0))
+
+
+def test_dask_protocol():
+    from dask._task_spec import Alias, DataNode, Task
+
+    a = RNG.standard_normal((6, 6))
+    x = ga.from_array(a, chunks=4)
+    s, p = dask.compute(x.sum(), x @ x, scheduler="sync")
+    close(np.asarray(s), a.sum())
+    close(p, a @ a)
+    (y,) = dask.persist(x * 2, scheduler="sync")
+    close(ev(y + 1), a * 2 + 1)
+    assert dask.base.tokenize(x + 1) == dask.base.tokenize(x + 1)
+    z = (x @ x).sum(axis=0)
+    optimized = Array_optimize(z)
+    for key, node in optimized.items():
+        assert isinstance(node, (CatalogTask, DataNode, Alias, Task)) and not getattr(node, "has_subgraph", lambda: False)(), key
+        assert not isinstance(node, Task) or isinstance(node, CatalogTask) or node.func.__module__.startswith("goblin_dask")
+
+
+def Array_optimize(z):
+    return z.__dask_optimize__(dict(z.__dask_graph__()), z.__dask_keys__())
+
+
+def test_keys_are_opaque_even_for_named_xarray_data():
+    import xarray as xr
+
+    da = xr.DataArray(RNG.standard_normal((4, 3)), dims=("patient", "visit"), name="secret_measure",
+                      attrs={"units": "mmHg"})
+    g = ga.from_array(da, chunks={"patient": 2})
+    text = repr(list(dict(g.data.__dask_graph__()).keys()))
+    assert "secret" not in text and "patient" not in text and "mmHg" not in text
+    assert g.data.chunks == ((2, 2), (3,))
+
+
+def test_xarray_round_trip():
+    import xarray as xr
+
+    a = RNG.standard_normal((6, 4, 5))
+    ds = xr.Dataset({"t": (("time", "lat", "lon"), a), "label": ("time", np.array(list("abcdef")))},
+                    coords={"time": np.arange(6), "lat": np.linspace(-1, 1, 4)}, attrs={"title": "x"})
+    g = ga.from_array(ds, chunks={"time": 4, "lon": 2})
+    assert isinstance(g.t.data, ga.Array) and isinstance(g.label.data, np.ndarray) and g.attrs == ds.attrs
+    with dask.config.set(scheduler="sync"):
+        close(g.t.mean("time").compute().values, a.mean(axis=0))
+        close((g.t * 2 + 1).sum(("lat", "lon")).compute().values, (a * 2 + 1).sum(axis=(1, 2)))
+        close(g.t.std("lon").values, a.std(axis=2))
+        close(g.t.max().values, a.max())
+        close(g.t.isel(time=slice(1, 5), lon=0).compute().values, a[1:5, :, 0])
+        close(g.t.transpose("lon", "time", "lat").values, a.transpose(2, 0, 1))
+        close(xr.concat([g.t, g.t], dim="time").values, np.concatenate([a, a]))
+        close(g.t.where(g.t > 0).sum("time").values, np.where(a > 0, a, 0).sum(axis=0))
+        computed = g.compute()
+    assert isinstance(computed.t.data, np.ndarray)
+    xr.testing.assert_allclose(computed, ds)
