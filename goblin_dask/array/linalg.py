@@ -189,6 +189,7 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Array:
     if kwargs.get("optimize") not in (None, False, True, "greedy", "optimal") or set(kwargs) - {"optimize"}:
         raise TypeError(f"einsum: unsupported arguments {sorted(kwargs)}")
     arrays = [asarray(x) for x in operands]
+    subscripts = _expand_ellipsis(subscripts.replace(" ", ""), arrays)
     out = get("einsum").abstract_eval(*(x.aval for x in arrays), subscripts=subscripts)  # validates the contraction
     ins, out_sub = subscripts.replace(" ", "").split("->")
     subs = ins.split(",")
@@ -215,6 +216,22 @@ def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Array:
     got = [c for c in sx if c not in contracted] + [c for c in sy if c not in contracted]
     result = transpose(result, tuple(got.index(c) for c in out_sub))
     return astype(result, out.dtype)
+
+
+def _expand_ellipsis(subscripts: str, arrays: list) -> str:
+    """Spell out ``...`` (as xarray writes it: ``'...ab,...bc->...ac'``) with unused letters."""
+    if "..." not in subscripts:
+        return subscripts
+    ins, _, out = subscripts.partition("->")
+    subs = ins.split(",")
+    if len(subs) != len(arrays):
+        raise ValueError(f"einsum: {subscripts!r} names {len(subs)} operands, got {len(arrays)}")
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in subscripts]
+    widths = [x.ndim - len(s.replace("...", "")) for s, x in zip(subs, arrays)]
+    longest = max(widths + [0])
+    letters = "".join(free[:longest])
+    subs = [s.replace("...", letters[longest - w:]) for s, w in zip(subs, widths)]
+    return ",".join(subs) + "->" + out.replace("...", letters)
 
 
 def dot(a: Any, b: Any) -> Array:
