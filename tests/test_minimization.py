@@ -9,6 +9,7 @@ from dask._task_spec import DataNode, TaskRef
 from goblin_dask.ops import CatalogTask, get
 from goblin_dask.validation.checks import insert_checks
 from scheduler_plugins.minimization import key_violation, string_violation
+from goblin_dask.array.linalg import product_blocks
 from tests.conftest import blocked_product_graph
 
 
@@ -60,7 +61,9 @@ def test_opaque_graphs_pass(lab):
 # searched for every one of those strings and for the dataset's numbers.
 
 N_PATIENTS, N_VISITS = 384, 256
-BLOCK_PATIENTS, BLOCK_VISITS = 96, 128  # the product blocks the 2 MiB volunteer budget gives (asserted)
+VOLUNTEER_MEMORY = 2 * 2**20
+# The product's blocks for that budget (a quarter of it per task, 2 volunteer threads): (visits, patients, visits).
+BLOCK_VISITS, BLOCK_PATIENTS, _ = product_blocks(N_VISITS, N_PATIENTS, N_VISITS, 8, VOLUNTEER_MEMORY / 4, 2)
 SECRETS = [
     "patient_heart_rate_secret", "ward_bed_count_classified",            # variable names
     "patient_id_dim", "visit_time_dim",                                  # dims
@@ -145,7 +148,7 @@ def test_a_curious_volunteer_learns_no_names_and_only_its_blocks(tmp_path, monke
     # which makes the bound on what it received exact (stealing only moves tasks among volunteers).
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")
     with LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node, \
-            node.client.as_current(), dask.config.set({"goblin.product.volunteer-memory": 2 * 2**20}):
+            node.client.as_current(), dask.config.set({"goblin.product.volunteer-memory": VOLUNTEER_MEMORY}):
         curious = node.add_volunteer(module="tests.curious")  # alone for now: whatever is sent, it gets
         record_path = node.state_dir / f"received-{node.processes[curious].pid}.bin"
         before = node.report()["tasks"]
@@ -197,7 +200,7 @@ def test_a_curious_volunteer_learns_no_names_and_only_its_blocks(tmp_path, monke
                 pytest.fail(f"{secret!r} reached the curious volunteer, at byte {at} of what it received: "
                             f"{record[max(at - 120, 0):at + len(form) + 40]!r}")
 
-    # Numbers: only blocks.  A task gets one 96 x 128 block of each operand (the product's
+    # Numbers: only blocks.  A task gets one product block of each operand (the product's
     # rechunking is done on the lab worker), so no buffer of the data larger than one block
     # arrives, no run of consecutive values longer than a block's side (so no full row, 256
     # values, or column, 384), never the whole table; and all the values the curious
