@@ -87,8 +87,6 @@ def _dashboard_link(scheduler, host: str) -> str | None:
 async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memory_limit, host: str | None,
                            local_directory: str | None = None) -> None:
     """Run the trusted lab worker: it holds the lab's data and runs glue and checks."""
-    from distributed import Worker
-
     from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS
     from goblin_dask.tls import Credential
 
@@ -97,13 +95,51 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     # It holds the only accepted copy of every result and runs every check: pausing it when
     # memory is high would stall the grid for good (volunteers cannot take its data).
     dask.config.set({"distributed.worker.memory.pause": False})
-    worker = Worker(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
+    worker = _lab_worker_class()(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     security=cred.security(),
                     startup_information={"goblin": lambda w: {"credential": cred.token}})
     async with worker:
         close_on_signals(worker)
         await worker.finished()
+
+
+#: Unverified results whose source the lab worker remembers (their checks read it when they start).
+_FETCHED_KEPT = 100_000
+
+
+def _lab_worker_class():
+    """The lab worker: a ``distributed.Worker`` that remembers which volunteer sent each unverified result.
+
+    A check blames the volunteer whose bytes it checked.  Asking the scheduler who computed
+    the key instead would race with a recomputation: when a banned volunteer is removed
+    while the lab checks one of its results, the key may be recomputed by an honest one
+    before the verdict arrives.
+    """
+    from collections import OrderedDict
+
+    from distributed import Worker
+    from distributed.worker_state_machine import GatherDepSuccessEvent
+
+    from goblin_dask.validation.checks import is_unverified_key
+
+    class LabWorker(Worker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.goblin_fetched_from: OrderedDict = OrderedDict()
+
+        async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
+            event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+            if isinstance(event, GatherDepSuccessEvent):
+                for key in event.data:
+                    if is_unverified_key(key):
+                        self.goblin_fetched_from[key] = worker
+                        self.goblin_fetched_from.move_to_end(key)
+                while len(self.goblin_fetched_from) > _FETCHED_KEPT:
+                    self.goblin_fetched_from.popitem(last=False)
+            return event
+
+    return LabWorker
 
 
 def no_spilling() -> None:

@@ -92,8 +92,21 @@ def _volunteer_worker_class():
 
 
 def prepare_process(gpu: bool | None) -> str:
-    """Harden and warm up this process; returns the kernel backend chosen."""
+    """Harden and warm up this process; returns the kernel backend chosen.
+
+    BLAS and numba run one thread per task thread, as in a ``dask worker`` under its
+    nanny (``OMP/OPENBLAS/MKL_NUM_THREADS=1``): ``--nthreads`` is what the volunteer
+    lends, and a multi-threaded BLAS under every task thread would oversubscribe it.
+    """
+    import numpy  # noqa: F401  (loads its BLAS, so that the limit reaches it)
+    import threadpoolctl
+
     from goblin_dask import safe_pickle
+
+    import numba
+
+    numba.set_num_threads(1)
+    threadpoolctl.threadpool_limits(limits=1)  # BLAS and OpenMP; stays for the process (not a context)
 
     # numba's cache holds only kernels compiled from this package; private and kept across runs
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "goblin-dask" / "numba"

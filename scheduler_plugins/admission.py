@@ -115,9 +115,9 @@ class AdmissionPlugin(SchedulerPlugin):
         if ban:
             self.banned.add(name)
         closed = [a for a, n in self.names.items() if n == name and a in self.scheduler.workers]
-        for addr in closed:
+        for addr in closed:  # expected: its tasks are not to blame (no KilledWorker for them)
             self.scheduler.loop.add_callback(
-                self.scheduler.remove_worker, addr, close=True, stimulus_id=f"goblin-revoke-{name}"
+                self.scheduler.remove_worker, addr, close=True, expected=True, stimulus_id=f"goblin-revoke-{name}"
             )
         return closed
 

@@ -1,26 +1,55 @@
-"""The verification ledger: who computed what, what was accepted, trust and bans.
+"""The verification ledger: who computed what, what was accepted, trust, replicas, deadlines, bans.
 
 The scheduler records which volunteer produced each ``unverified-`` result; the lab
-worker's check tasks report verdicts on the ``goblin-verdict`` stream op (accepted
-only from lab workers).  A rejection resets the volunteer's trust; past
-``max_rejections`` the volunteer is banned: its credential revoked, disconnected,
-refused on reconnect.  :meth:`report` is what ``LabNode.report()`` and
+worker's check tasks (:mod:`goblin_dask.validation.checks`) attach their verdicts to
+their own task metadata, read here when the scheduler accepts the check's result (only
+from lab workers; a check run the scheduler cancelled, because its input was lost and
+recomputed elsewhere, does not count).
+
+Trust, after BOINC's adaptive replication: a volunteer's ``trust`` is its number of
+consecutive verified results; a rejection (or a missed deadline) resets it.  Below
+``goblin.verification.trust-threshold`` (10) every replica-method result is replicated
+on a different volunteer, or recomputed by the lab when there is none; above it the
+replication rate falls as ``threshold / trust`` down to ``min-replica-rate`` (0.05),
+and an unreplicated result is recomputed by the lab with probability
+``sample-rate * threshold / trust`` (at least ``min-sample-rate``); the rest are
+accepted on trust.  Products are always Freivalds-checked (cheap, whatever the trust).
+The lab worker asks for that decision on the ``goblin_policy`` handler; the replica
+task it then submits is restricted here to volunteers other than the first one.
+
+A rejected result costs the volunteer its trust; at ``goblin.max-rejections`` (2)
+rejections it is banned: its credential revoked, disconnected, refused on reconnect.
+
+Deadlines: a volunteer that holds catalog tasks without finishing any for
+``goblin.verification.deadline`` seconds (300) has them reissued to other volunteers.
+
+:meth:`VerificationLedger.report` is what ``LabNode.report()`` and
 ``/goblin/report.json`` return.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import random
+import secrets
+import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 
-from goblin_dask.validation.checks import VERDICT_OP, is_unverified_key
+from goblin_dask.roles import VOLUNTEER_RESOURCE
+from goblin_dask.tls import peer_identity
+from goblin_dask.validation.checks import POLICY_HANDLER, UNVERIFIED_PREFIX, VERDICTS, as_key, is_unverified_key
 from scheduler_plugins.admission import AdmissionPlugin
 
 logger = logging.getLogger("goblin_dask.verification")
+
+#: Verdicts arriving after the scheduler forgot the result still find who computed it.
+_FORGOTTEN_KEPT = 100_000
 
 
 @dataclass
@@ -28,58 +57,155 @@ class VolunteerRecord:
     accepted: int = 0
     rejected: int = 0
     banned: bool = False
-    #: consecutive accepted results since the last rejection (BOINC-style)
+    #: consecutive verified results since the last rejection or missed deadline (BOINC-style)
     trust: int = 0
+    #: times its tasks were reissued elsewhere for missing their deadline
+    late: int = 0
 
 
-def _as_key(key: Any) -> Any:
-    return tuple(_as_key(k) for k in key) if isinstance(key, list) else key
+@dataclass(frozen=True)
+class TrustPolicy:
+    """How much checking a volunteer's replica-method results get, by trust."""
+
+    threshold: int = 10
+    min_replica_rate: float = 0.05
+    sample_rate: float = 0.1
+    min_sample_rate: float = 0.01
+
+    @classmethod
+    def from_config(cls) -> "TrustPolicy":
+        get = lambda name, default: dask.config.get(f"goblin.verification.{name}", default)  # noqa: E731
+        return cls(int(get("trust-threshold", cls.threshold)), float(get("min-replica-rate", cls.min_replica_rate)),
+                   float(get("sample-rate", cls.sample_rate)), float(get("min-sample-rate", cls.min_sample_rate)))
+
+    def replica_rate(self, trust: int) -> float:
+        return 1.0 if trust < self.threshold else max(self.min_replica_rate, self.threshold / trust)
+
+    def sampling_rate(self, trust: int) -> float:
+        """Of the results not replicated."""
+        return 1.0 if trust < self.threshold else max(self.min_sample_rate, self.sample_rate * self.threshold / trust)
+
+
+def _replica_key(raw_key: Any) -> Any:
+    """A fresh opaque ``unverified-<op>-<token>`` key with the same block indices."""
+    name = raw_key[0] if isinstance(raw_key, tuple) else raw_key
+    op = str(name)[len(UNVERIFIED_PREFIX):].rsplit("-", 1)[0]
+    fresh = f"{UNVERIFIED_PREFIX}{op}-{secrets.token_hex(16)}"
+    return (fresh,) + tuple(raw_key[1:]) if isinstance(raw_key, tuple) else fresh
 
 
 class VerificationLedger(SchedulerPlugin):
     name = "goblin-verification"
 
-    def __init__(self, scheduler, admission: AdmissionPlugin, *, max_rejections: int = 2):
+    def __init__(self, scheduler, admission: AdmissionPlugin, *, max_rejections: int = 2,
+                 policy: TrustPolicy | None = None, deadline: float | None = None):
         self.scheduler = scheduler
         self.admission = admission
         self.max_rejections = max_rejections
+        self.policy = policy or TrustPolicy.from_config()
+        self.deadline = float(deadline if deadline is not None else dask.config.get("goblin.verification.deadline", 300))
         self.computed_by: dict[Any, str] = {}
+        #: volunteer address -> name, kept after it leaves (its results may still be under check)
+        self.addresses: dict[str, str] = {}
+        self._forgotten: OrderedDict[Any, str] = OrderedDict()
+        #: replica key -> names of the volunteers it must not run on
+        self.replicas: dict[Any, frozenset[str]] = {}
         self.compute_seconds = 0.0
         self.check_seconds = 0.0
+        self.replica_seconds = 0.0
         self.tasks = 0
+        self.reissued = 0
         self.by_method: Counter[str] = Counter()
         self.volunteers: dict[str, VolunteerRecord] = {}
-        scheduler.stream_handlers[VERDICT_OP] = self.on_verdict
+        self._busy_since: dict[str, float] = {}
+        self._rng = random.Random(secrets.randbits(64))
+        self._deadlines: PeriodicCallback | None = None
         scheduler.handlers["goblin_report"] = lambda: self.report()
+        scheduler.handlers[POLICY_HANDLER] = self.policy_handler
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self, scheduler) -> None:
+        interval = max(0.25, min(self.deadline / 4, 30.0))
+        self._deadlines = PeriodicCallback(self.check_deadlines, interval * 1000)
+        self._deadlines.start()
+
+    async def close(self) -> None:
+        if self._deadlines is not None:
+            self._deadlines.stop()
 
     def add_worker(self, scheduler, worker: str) -> None:
         if self.admission.is_volunteer(worker):
-            self.volunteers.setdefault(self.admission.names[worker], VolunteerRecord())
+            name = self.admission.names[worker]
+            self.addresses[worker] = name
+            self.volunteers.setdefault(name, VolunteerRecord())
 
-    def transition(self, key, start, finish, *args, worker: str | None = None, startstops=None, **kwargs) -> None:
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self._busy_since.pop(worker, None)
+
+    # -- placement of replicas -----------------------------------------------------
+    def update_graph(self, scheduler, *, tasks: list, **kwargs: Any) -> None:
+        for key in tasks:
+            excluded = self.replicas.get(key)
+            ts = scheduler.tasks.get(key)
+            if excluded is None or ts is None or ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1}:
+                continue
+            self._restrict(ts, excluded)
+
+    def _restrict(self, ts, excluded) -> bool:
+        """Only volunteers whose names are not ``excluded`` may run ``ts``; False when there are none."""
+        eligible = {a for a in self.admission.volunteers() if self.admission.names.get(a) not in excluded}
+        if not eligible:
+            return False
+        ts.worker_restrictions = eligible
+        ts.loose_restrictions = False
+        return True
+
+    # -- what volunteers computed ----------------------------------------------------
+    def transition(self, key, start, finish, *args, worker: str | None = None, startstops=None, metadata=None,
+                   **kwargs) -> None:
+        if start == "processing" and finish == "memory" and metadata and VERDICTS in metadata:
+            self.on_verdicts(worker, **metadata[VERDICTS])
         if start == "processing" and finish == "memory" and worker and is_unverified_key(key):
             self.computed_by[key] = self.admission.names.get(worker, worker)
+            self._busy_since[worker] = time.time()  # it makes progress
             self.tasks += 1
-            for ss in startstops or ():
-                if ss.get("action") == "compute":
-                    self.compute_seconds += ss["stop"] - ss["start"]
-        elif finish == "forgotten":
-            self.computed_by.pop(key, None)
+            seconds = sum(ss["stop"] - ss["start"] for ss in startstops or () if ss.get("action") == "compute")
+            if key in self.replicas:  # a replica is verification work
+                self.replica_seconds += seconds
+            else:
+                self.compute_seconds += seconds
+        elif finish == "forgotten" and key in self.computed_by:
+            self._forgotten[key] = self.computed_by.pop(key)
+            while len(self._forgotten) > _FORGOTTEN_KEPT:
+                self._forgotten.popitem(last=False)
 
-    def on_verdict(self, worker: str, key, method: str, accepted: bool, seconds: float, **kwargs) -> None:
+    def _who(self, key) -> str | None:
+        return self.computed_by.get(key) or self._forgotten.get(key)
+
+    # -- verdicts and policy (from the lab worker only) ----------------------------
+    def on_verdicts(self, worker: str, verdicts: list, seconds: float = 0.0, **kwargs) -> None:
+        """The verdicts of one check task, read from its metadata when the scheduler accepted its result."""
         if worker not in self.admission.lab_workers():
-            logger.warning("ignored a verdict from %s, which is not a lab worker", worker)
+            logger.warning("ignored verdicts from %s, which is not a lab worker", worker)
             return
-        key = _as_key(key)
-        name = self.computed_by.get(key)
+        self.check_seconds += float(seconds)
+        for key, method, accepted, *source in verdicts:
+            name = self.addresses.get(source[0]) if source and source[0] else None
+            self.on_verdict(as_key(key), str(method), bool(accepted), name=name)
+
+    def on_verdict(self, key, method: str, accepted: bool, name: str | None = None) -> None:
+        """``name``: the volunteer whose bytes were checked, when the lab worker knows it."""
+        name = name or self._who(key)
         self.by_method[method] += 1
-        self.check_seconds += seconds
+        self.replicas.pop(key, None)
+        self._forgotten.pop(key, None)
         if name is None:
             return
         record = self.volunteers.setdefault(name, VolunteerRecord())
         if accepted:
             record.accepted += 1
-            record.trust += 1
+            if method != "trusted":  # only verified results earn trust
+                record.trust += 1
             return
         record.rejected += 1
         record.trust = 0
@@ -89,14 +215,64 @@ class VerificationLedger(SchedulerPlugin):
             logger.warning("banned volunteer %s after %d rejected results", name, record.rejected)
             self.admission.revoke(name, ban=True)
 
+    def policy_handler(self, comm, key=None) -> dict:
+        if (peer_identity(comm) or ("",))[0] != "lab":
+            raise PermissionError("goblin lab node: only the lab worker asks how to verify a result")
+        return self.decide(as_key(key))
+
+    def decide(self, key) -> dict:
+        """How to verify the replica-method result ``key``: replicate it, sample it, or trust it."""
+        name = self._who(key)
+        trust = self.volunteers[name].trust if name in self.volunteers else 0
+        others = [a for a in self.admission.volunteers() if self.admission.names.get(a) != name]
+        timeout = 4 * self.deadline
+        if self._rng.random() < self.policy.replica_rate(trust):
+            if others:
+                replica = _replica_key(key)
+                self.replicas[replica] = frozenset({name} if name else ())
+                return {"replica": replica, "sample": False, "trust": trust, "timeout": timeout}
+            return {"replica": None, "sample": True, "trust": trust}  # nobody to replicate on: the lab checks
+        sample = self._rng.random() < self.policy.sampling_rate(trust)
+        return {"replica": None, "sample": sample, "trust": trust}
+
+    # -- deadlines -----------------------------------------------------------------
+    def check_deadlines(self) -> None:
+        """Reissue elsewhere the tasks of volunteers that finished nothing for ``deadline`` seconds."""
+        now = time.time()
+        for addr in self.admission.volunteers():
+            ws = self.scheduler.workers.get(addr)
+            held = [ts for ts in (ws.processing if ws else ()) if is_unverified_key(ts.key)]
+            if not held:
+                self._busy_since.pop(addr, None)
+                continue
+            if now - self._busy_since.setdefault(addr, now) <= self.deadline:
+                continue
+            name = self.admission.names.get(addr, addr)
+            moved = 0
+            for ts in held:
+                if self._restrict(ts, self.replicas.get(ts.key, frozenset()) | {name}):
+                    self.scheduler._reschedule(ts.key, worker=addr, stimulus_id=f"goblin-deadline-{now}")
+                    moved += 1
+            if moved:
+                record = self.volunteers.setdefault(name, VolunteerRecord())
+                record.late += 1
+                record.trust = 0
+                self.reissued += moved
+                logger.warning("volunteer %s missed its deadline: %d task(s) reissued elsewhere", name, moved)
+            self._busy_since[addr] = now
+
+    # -- report --------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         accepted = sum(v.accepted for v in self.volunteers.values())
         rejected = sum(v.rejected for v in self.volunteers.values())
+        verification = self.check_seconds + self.replica_seconds
         return {
             "tasks": self.tasks,
             "accepted": accepted,
             "rejected": rejected,
             "by_method": dict(self.by_method),
             "volunteers": {n: vars(v).copy() for n, v in sorted(self.volunteers.items())},
-            "overhead": self.check_seconds / self.compute_seconds if self.compute_seconds else 0.0,
+            "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,
+            "reissued": self.reissued,
+            "seconds": {"compute": self.compute_seconds, "check": self.check_seconds, "replicas": self.replica_seconds},
         }

@@ -294,10 +294,19 @@ class Visit:
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.expected_conditions import staleness_of
 
+        from selenium.common.exceptions import WebDriverException
+
         page = self.browser.find_element(By.TAG_NAME, "html")
         button.click()
-        wait_for(lambda: staleness_of(page)(self.browser)
-                 and self.browser.execute_script("return document.readyState") == "complete", "the next page")
+
+        def next_page_loaded() -> bool:
+            try:
+                return bool(staleness_of(page)(self.browser)
+                            and self.browser.execute_script("return document.readyState") == "complete")
+            except WebDriverException:  # mid-navigation Chromium may answer "node does not belong to the document"
+                return False
+
+        wait_for(next_page_loaded, "the next page")
 
     def submit(self) -> None:
         """Press the main form's button."""

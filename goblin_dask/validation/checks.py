@@ -1,28 +1,50 @@
 """Verification in the graph: no volunteer result is used before the lab accepts it.
 
 :func:`insert_checks` rewrites a graph of catalog tasks: each task placed on a
-volunteer is renamed to an ``unverified-`` key, and its original key becomes a check
-task on the lab worker that takes the volunteer's result and the same operands,
-verifies it by the op's declared method, reports the verdict to the lab node, and
-returns the result (or the lab's own recomputation when it was rejected).  Every
-downstream task and the researcher therefore only ever see accepted numbers; the
-scheduler places a catalog task on a volunteer only under an ``unverified-`` key.
+volunteer is renamed to an ``unverified-`` key, and its original key becomes an
+:func:`accept` task on the lab worker that takes the volunteer's result and the same
+operands, verifies it, reports the verdict to the lab node's ledger
+(``scheduler_plugins.verification``) and returns the result, or the lab's own
+recomputation when it was rejected.  Every downstream task and the researcher
+therefore only ever see accepted numbers; the scheduler places a catalog task on a
+volunteer only under an ``unverified-`` key.
+
+How a result is verified follows its op's declared method:
+
+* ``freivalds`` (products): always checked, in O(n^2) (:mod:`.freivalds`).
+* ``replica``: the ledger decides, from the volunteer's trust, whether the task runs
+  again on a *different* volunteer (BOINC's adaptive replication); the two results are
+  compared (exactly for integers and booleans) and on disagreement the lab recomputes
+  and decides.  Unreplicated results of trusted volunteers are recomputed by the lab at
+  a sampling rate that falls with trust; the rest are accepted on trust.
+* ``recompute`` / ``exact`` (and a product form that cannot be checked): the lab recomputes.
+
+``dask.config`` ``goblin.verification.method`` overrides the declared method of every
+volunteer task (``"replica"``: replicate products too, for the benchmark).
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import time
 from typing import Any, Mapping
 
+import dask
 import numpy as np
 from dask._task_spec import GraphNode, Task, TaskRef
 
 from goblin_dask.ops.spec import CatalogTask, OpSpec
 from goblin_dask.validation.freivalds import check_product
 
+logger = logging.getLogger("goblin_dask.validation")
+
 UNVERIFIED_PREFIX = "unverified-"
-VERDICT_OP = "goblin-verdict"
+#: Key of the verdicts in the check task's metadata (sent with its task-finished message).
+VERDICTS = "goblin-verdicts"
+#: Scheduler handler the lab worker asks how to verify a replica-method result.
+POLICY_HANDLER = "goblin_policy"
+#: Methods a verdict may name (the report's ``by_method`` keys).
+METHODS = ("freivalds", "replica", "sample", "recompute", "trusted")
 
 
 def is_unverified_key(key: Any) -> bool:
@@ -38,95 +60,204 @@ def unverified_key(key: Any) -> Any:
 
 def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, GraphNode]:
     """Return ``dsk`` with a lab-side check after every volunteer-placed catalog task."""
+    forced = dask.config.get("goblin.verification.method", None)
     out: dict[Any, GraphNode] = {}
     for key, node in dsk.items():
         if isinstance(node, CatalogTask) and node.placement == "volunteer" and not is_unverified_key(key):
             raw = unverified_key(key)
             out[raw] = CatalogTask(raw, node.func, *node.args, placement="volunteer", **node.kwargs)
-            out[key] = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs))
+            out[key] = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
+                            method=forced or node.func.verify, refs=_refs(node.args))
         else:
             out[key] = node
     return out
 
 
-def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict) -> Any:
+def _refs(args: tuple) -> tuple:
+    """The key each operand comes from (None for a literal), so a replica can name the same inputs."""
+    return tuple(a.key if isinstance(a, TaskRef) else None for a in args)
+
+
+# -- on the lab worker ------------------------------------------------------------------
+
+
+def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict, method: str | None = None,
+           refs: tuple = ()) -> Any:
     """Lab worker: verify a volunteer's result; return it, or the lab's recomputation."""
-    start = time.perf_counter()
-    method, ok = verify(op, result, operands, params)
-    report_verdict(raw_key, method, ok, time.perf_counter() - start)
-    if ok:
-        return result
-    return op.numpy(*operands, **params)
+    check = _Check(raw_key, op, operands, params, refs)
+    out = check.run(result, method or op.verify)
+    publish_verdicts(check.verdicts, check.seconds)
+    return out
 
 
-def verify(op: OpSpec, result: Any, operands: tuple, params: dict) -> tuple[str, bool]:
-    """(method used, accepted?) for one result of ``op``."""
-    if op.verify == "freivalds":
-        factors = freivalds_factors(op.name, operands, params)
-        if factors is not None:
-            a, b, c0, shape = factors
+class _Check:
+    """One volunteer result under verification (see the module docstring for the methods)."""
+
+    def __init__(self, raw_key: Any, op: OpSpec, operands: tuple, params: dict, refs: tuple):
+        self.raw_key, self.op, self.operands, self.params, self.refs = raw_key, op, operands, params, refs
+        self.seconds = 0.0  # lab time spent verifying (waiting for a replica excluded)
+        self.verdicts: list[tuple[Any, str, bool, str | None]] = []
+        #: the volunteer whose bytes are checked (the lab worker noted the peer it fetched them from)
+        self.source = getattr(_worker(), "goblin_fetched_from", {}).get(raw_key)
+
+    def verdict(self, key: Any, method: str, accepted: bool) -> None:
+        source = self.source if key == self.raw_key else None  # a replica: the ledger knows who computed it
+        self.verdicts.append((key, method, bool(accepted), source))
+
+    def run(self, result: Any, method: str) -> Any:
+        if method == "freivalds":
+            return self.freivalds(result)
+        if _worker() is None:  # a local scheduler computed it here: nothing untrusted to check
+            return result
+        if method == "replica":
+            return self.replica(result)
+        return self.recompute(result, "recompute", exact=method == "exact")
+
+    def _timed(self, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def lab_result(self) -> Any:
+        return self._timed(lambda: self.op.numpy(*self.operands, **self.params))
+
+    def freivalds(self, result: Any) -> Any:
+        from goblin_dask.ops.linalg import matmul_form
+
+        expected = self.op.abstract_eval(*self.operands, **self.params)
+        verdict = None
+        if isinstance(result, (np.ndarray, np.generic)) and (result.shape, result.dtype) == tuple(expected):
             try:
-                c = np.asarray(result)
-                if c.shape != tuple(shape):
-                    return "freivalds", False
-                c2 = c.reshape(a.shape[0], b.shape[1]) if c.ndim != 2 or c.shape != (a.shape[0], b.shape[1]) else c
-            except (ValueError, TypeError):
-                return "freivalds", False
-            return "freivalds", check_product(c2, a, b, c0)
-    return "recompute", same_result(result, op.numpy(*operands, **params))
+                form = matmul_form(self.op, self.operands, result, **self.params)
+            except ValueError:  # not a product (a one-operand einsum): its declared fallback
+                return self.run(result, self.op.extra.get("verify_one_operand", "replica"))
+            verdict = self._timed(check_product, *form)
+        ok = bool(verdict)
+        self.verdict(self.raw_key, "freivalds", ok)
+        if ok:
+            return result
+        if verdict is not None and verdict.recomputed is not None and self.op.name in ("matmul", "matmul_accumulate"):
+            return verdict.recomputed.reshape(np.shape(result))
+        return self.lab_result()
+
+    def recompute(self, result: Any, method: str, exact: bool = False) -> Any:
+        want = self.lab_result()
+        ok = self._timed(same_result, result, want, self.operands, exact)
+        self.verdict(self.raw_key, method, ok)
+        return result if ok else want
+
+    def replica(self, result: Any) -> Any:
+        policy = ask_policy(self.raw_key)
+        if policy is None:  # not on a lab node (local scheduler): nothing to verify against
+            return result
+        if policy.get("replica") is not None:
+            second = self.compute_replica(policy["replica"], float(policy.get("timeout", 600)))
+            if second is not None:
+                return self.compare_replicas(result, policy["replica"], second)
+            return self.recompute(result, "recompute")  # no replica in time: the lab decides alone
+        if policy.get("sample"):
+            return self.recompute(result, "sample")
+        self.verdict(self.raw_key, "trusted", True)
+        return result
+
+    def compute_replica(self, replica_key: Any, timeout: float) -> Any:
+        """The same task again, on another volunteer (the ledger restricts where); None if it does not come back."""
+        from distributed import worker_client
+
+        key = as_key(replica_key)
+        refs = self.refs or (None,) * len(self.operands)
+        args = [TaskRef(as_key(r)) if r is not None else x for r, x in zip(refs, self.operands)]
+        task = CatalogTask(key, self.op, *args, placement="volunteer", **self.params)
+        with worker_client() as client:
+            future = client.get({key: task}, key, sync=False)
+            try:
+                return future.result(timeout=timeout)
+            except Exception as e:  # timed out, or the volunteer failed: the lab decides alone
+                logger.warning("replica %r did not come back (%s: %s)", key, type(e).__name__, e)
+                return None
+            finally:
+                future.release()
+
+    def compare_replicas(self, result: Any, replica_key: Any, second: Any) -> Any:
+        if self._timed(same_result, result, second, self.operands):
+            self.verdict(self.raw_key, "replica", True)
+            self.verdict(replica_key, "replica", True)
+            return result
+        # They disagree: the validator recomputes and decides, for each of them.
+        want = self.lab_result()
+        ok_first = self._timed(same_result, result, want, self.operands)
+        ok_second = self._timed(same_result, second, want, self.operands)
+        self.verdict(self.raw_key, "replica", ok_first)
+        self.verdict(replica_key, "replica", ok_second)
+        return result if ok_first else second if ok_second else want
 
 
-def freivalds_factors(name: str, operands: tuple, params: dict):
-    """(A, B, C0, result shape) so that result == A @ B + C0, for product-like ops."""
-    if name == "matmul":
-        a, b = (np.asarray(x) for x in operands)
-        if a.ndim == 2 and b.ndim == 2:
-            return a, b, None, (a.shape[0], b.shape[1])
-        return None
-    if name == "matmul_accumulate":
-        c0, a, b = (np.asarray(x) for x in operands)
-        if a.ndim == 2 and b.ndim == 2 and c0.shape == (a.shape[0], b.shape[1]):
-            return a, b, c0, c0.shape
-        return None
-    if name == "tensordot":
-        a, b = (np.asarray(x) for x in operands)
-        axes = params.get("axes", 2)
-        if isinstance(axes, int):
-            ax_a, ax_b = list(range(a.ndim - axes, a.ndim)), list(range(axes))
-        else:
-            ax_a, ax_b = [list(np.atleast_1d(x)) for x in axes]
-        ax_a = [x % a.ndim for x in ax_a]
-        ax_b = [x % b.ndim for x in ax_b]
-        free_a = [i for i in range(a.ndim) if i not in ax_a]
-        free_b = [i for i in range(b.ndim) if i not in ax_b]
-        inner = math.prod(a.shape[i] for i in ax_a)
-        a2 = a.transpose(free_a + ax_a).reshape(-1, inner)
-        b2 = b.transpose(ax_b + free_b).reshape(inner, -1)
-        return a2, b2, None, tuple(a.shape[i] for i in free_a) + tuple(b.shape[i] for i in free_b)
-    return None
+def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) -> bool:
+    """Do two results of the same task agree?  Exact for integers and booleans (and ``exact`` ops).
 
-
-def same_result(got: Any, want: Any) -> bool:
-    """Exact for integer/bool results, within a few ulps of the dtype for floats; NaN/inf positions exact."""
+    Floats: NaN and inf exactly in the same places; elsewhere within ``64 eps`` of the
+    result's largest magnitude or, for reductions, of ``sqrt(m)`` times the operands'
+    (``m`` elements summed into each output: summation order differs between kernels
+    and machines).
+    """
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
-    if want.dtype.kind not in "fc":
-        return bool(np.array_equal(got, want))
-    if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got) & (got > 0), np.isinf(want) & (want > 0))):
+    if want.dtype.kind not in "fc" or exact:
+        return bool(np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"))
+    if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))):
+        return False
+    inf = np.isinf(want)
+    if inf.any() and not np.array_equal(got[inf], want[inf]):
         return False
     fin = np.isfinite(want)
     eps = float(np.finfo(want.dtype).eps)
-    return bool(np.allclose(got[fin], want[fin], rtol=64 * eps, atol=64 * eps * float(np.abs(want[fin]).max(initial=0.0))))
+    scale = float(np.abs(want[fin]).max(initial=0.0))
+    for x in operands:
+        x = np.asarray(x) if isinstance(x, (np.ndarray, np.generic, int, float, complex)) else None
+        if x is not None and x.dtype.kind in "fciub" and x.size:
+            m = x.size // max(want.size, 1)
+            if m <= 1:  # elementwise: only the result's own magnitude means anything
+                continue
+            finite = np.abs(x[np.isfinite(x)]) if x.dtype.kind in "fc" else np.abs(x)
+            scale = max(scale, float(np.sqrt(m)) * float(finite.max(initial=0.0)))
+    with np.errstate(all="ignore"):
+        return bool(np.allclose(got[fin], want[fin], rtol=64 * eps, atol=64 * eps * scale))
 
 
-def report_verdict(raw_key: Any, method: str, accepted: bool, seconds: float) -> None:
-    """Tell the lab node's verification ledger (over the lab worker's scheduler stream)."""
+def as_key(key: Any) -> Any:
+    """A key as the scheduler knows it (msgpack turns tuples into lists)."""
+    return tuple(as_key(k) for k in key) if isinstance(key, list) else key
+
+
+def _worker():
     from distributed import get_worker
 
     try:
-        worker = get_worker()
-    except ValueError:  # not on a worker (local scheduler, tests): nobody to tell
+        return get_worker()
+    except ValueError:  # not on a worker (local scheduler, tests)
+        return None
+
+
+def ask_policy(raw_key: Any) -> dict | None:
+    """The ledger's decision for a replica-method result: ``{"replica": key|None, "sample": bool, ...}``."""
+    from distributed.utils import sync
+
+    worker = _worker()
+    if worker is None:
+        return None
+    return sync(worker.loop, getattr(worker.scheduler, POLICY_HANDLER), key=raw_key)
+
+
+def publish_verdicts(verdicts: list, seconds: float) -> None:
+    """Attach the verdicts to this check task's metadata: the lab node's ledger reads them
+    when the task finishes, so a verdict counts only if the scheduler accepts this run of
+    the check (not one it cancelled because its input was lost and recomputed elsewhere)."""
+    worker = _worker()
+    if worker is None or not verdicts:  # not on a worker: nobody to tell
         return
-    msg = {"op": VERDICT_OP, "key": raw_key, "method": method, "accepted": bool(accepted), "seconds": float(seconds)}
-    worker.loop.add_callback(worker.batched_stream.send, msg)
+    ts = worker.state.tasks.get(worker.get_current_task())
+    if ts is not None:
+        ts.metadata[VERDICTS] = {"seconds": float(seconds), "verdicts": [list(v) for v in verdicts]}

@@ -1,37 +1,77 @@
 """Freivalds checks: is ``C == A @ B (+ C0)``, in O(n^2), within a rounding-error bound.
 
-The lab draws random vectors ``R`` at check time (never shown to the volunteer) and
-compares ``C R`` with ``A (B R)`` (plus ``C0 R``).  In floating point the residual is
-compared with a probabilistic rounding bound (Higham & Mary 2019): an entry of an
-honest product deviates by at most ``lam * sqrt(k) * u * sum_l |a_il b_lj|`` with u the
-unit roundoff of the volunteer's dtype and k the inner dimension; Cauchy-Schwarz,
-``sum_l |a_il b_lj| <= ||a_i|| ||b_j||``, keeps the bound computable in O(n^2), and
-independent entry errors add in quadrature along each projection.  Integer products
-are checked exactly.  NaN and inf must sit exactly where numpy's product puts them:
-rows of A and columns of B holding non-finite values are recomputed (they are few),
-the finite rest is Freivalds-checked.
+The lab draws random Gaussian vectors ``R`` at check time (never shown to the volunteer)
+and compares ``(C - C0) R`` with ``A (B R)``, in float64 (complex128) whatever the
+volunteer's precision.  Row ``i`` of the residual, for vector ``r``, is
+``sum_j e_ij r_j`` with ``e = C - C0 - A B`` the volunteer's error; since ``r`` is
+random and independent of ``e`` it is a self-normalised Gaussian sum, so an honest
+residual exceeds ``z * sqrt(sum_j s_ij^2 r_j^2)`` with probability below
+``2 exp(-z^2 / 2)`` whenever ``|e_ij| <= s_ij``.  The per-entry scale is
+``s_ij = rho |a_i| |b_j|`` (Cauchy-Schwarz: ``|c_ij| <= sum_l |a_il b_lj| <= |a_i| |b_j|``),
+computable in O(n^2); row and column norms of an operand block are computed once
+while it lives (it is an operand of a whole block row or column of tasks).
+
+``rho`` is the honest kernel's error per unit of ``|a_i| |b_j|``.  Worst-case theory
+(Higham & Mary's probabilistic bound, ``sqrt(k) u``) overstates what blocked BLAS
+kernels make by one to two orders of magnitude, enough to hide a wrong element of a
+float32 product.  So for precisions below float64 the lab *measures* it: it computes a
+few random rows of the product itself, in the volunteer's precision and in float64,
+and takes the largest error ratio (floored at ``u / 4``).  For float64 and complex128
+(no cheaper higher-precision reference) ``rho = sqrt(k) u``.  The rounding of
+``C0 + A B`` and the check's own float64 rounding are added as bounds.
+
+Passing that test accepts.  Failing it is not yet a rejection: the lab computes the
+product exactly (float64) and compares entry by entry with Higham & Mary's
+probabilistic bound ``lambda sqrt(k) u (|A| |B|)_ij``, which any honest summation
+order meets, with NaN and inf exactly where numpy's product has them.  So a
+miscalibration costs a recomputation, never an honest volunteer's standing, and a
+rejected result already has its replacement (that product, rounded once).
+
+Rows of A, columns of B (and rows of C0) holding NaN or inf are recomputed on the lab
+(they are few) and compared the same way, with twice the bound against numpy's own
+product; the finite rest is Freivalds-checked.  Integer products are checked exactly
+(random 0/1 vectors, arithmetic modulo the word size, as numpy's products wrap);
+boolean products are recomputed.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
+from typing import NamedTuple
 
 import numpy as np
 
-#: Multiplier on the probabilistic rounding bound (Higham & Mary's lambda).
+#: Higham & Mary's lambda: the entry-wise bound fails with probability <= 2 exp(-lambda^2 / 2).
 LAMBDA = 8.0
+#: Standard deviations of an honest residual the projected test allows (2 exp(-z^2/2) ~ 2.5e-14).
+Z = 8.0
+#: Rows of the product the lab computes itself to measure an honest kernel's error.
+CALIBRATION_ROWS = 8
 #: Target probability that a wrong result escapes one task's check.
 ESCAPE_PROBABILITY = 1e-9
 _U64 = float(np.finfo(np.float64).eps) / 2
+_TINY = float(np.finfo(np.float64).tiny)
 
 
 def vectors_for(escape_probability: float = ESCAPE_PROBABILITY) -> int:
     """How many Gaussian vectors to draw for a target escape probability.
 
-    A deviation of C whose projections exceed the tolerance by a factor ten escapes a
+    A deviation whose projections exceed the tolerance by a factor ten escapes a
     Gaussian vector with probability at most P(|z| < 0.1) < 0.08, so k vectors give 0.08**k.
     """
     return max(2, math.ceil(math.log(escape_probability) / math.log(0.08)))
+
+
+class Verdict(NamedTuple):
+    """What the check found: ``accepted``, and the lab's own product when it computed one."""
+
+    accepted: bool
+    #: the lab's recomputation (full result), when the check needed one; else None
+    recomputed: np.ndarray | None = None
+
+    def __bool__(self) -> bool:
+        return self.accepted
 
 
 def _shape(ashape: tuple, bshape: tuple) -> tuple:
@@ -44,111 +84,284 @@ def _shape(ashape: tuple, bshape: tuple) -> tuple:
     return tuple(out) + ((a2[-2],) if len(ashape) > 1 else ()) + ((b2[-1],) if len(bshape) > 1 else ())
 
 
-def check_product(c, a, b, c0=None, *, k: int | None = None, rng: np.random.Generator | None = None) -> bool:
-    """True when ``c`` equals ``a @ b (+ c0)`` within rounding (1-d, 2-d or batched operands)."""
+def check_product(c, a, b, c0=None, *, k: int | None = None, rng: np.random.Generator | None = None) -> Verdict:
+    """Does ``c`` equal ``a @ b (+ c0)`` within rounding?  (1-d, 2-d or batched operands.)
+
+    Returns a :class:`Verdict` (truthy when accepted); for a 2-d product it carries the
+    lab's recomputation when the check made one, so a rejected result need not be
+    computed twice.
+    """
     a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
     c0 = None if c0 is None else np.asarray(c0)
     try:
         shape = _shape(a.shape, b.shape)
     except ValueError:
-        return False
+        return Verdict(False)
     want_dtype = np.result_type(a.dtype, b.dtype, *(() if c0 is None else (c0.dtype,)))
     if c.shape != shape or c.dtype != want_dtype:
-        return False
+        return Verdict(False)
+    if c0 is not None:
+        try:
+            c0 = np.broadcast_to(c0, shape)
+        except ValueError:
+            return Verdict(False)
+    rng = rng or np.random.default_rng()
+    if a.ndim == b.ndim == 2:
+        return _check_2d(c, a, b, c0, k=k, rng=rng)
     # Lift to stacks of 2-d problems.
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     full = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
     c2 = c.reshape(full)
-    c02 = None if c0 is None else np.broadcast_to(c0.reshape(c0.shape if c0.ndim == len(full) else shape), shape).reshape(full)
+    c02 = None if c0 is None else c0.reshape(full)
     a_b = np.broadcast_to(a2, full[:-2] + a2.shape[-2:])
     b_b = np.broadcast_to(b2, full[:-2] + b2.shape[-2:])
-    rng = rng or np.random.default_rng()
     for idx in np.ndindex(*full[:-2]):
         if not _check_2d(c2[idx], a_b[idx], b_b[idx], None if c02 is None else c02[idx], k=k, rng=rng):
-            return False
-    return True
+            return Verdict(False)
+    return Verdict(True)
 
 
-def _check_2d(c, a, b, c0, *, k, rng) -> bool:
+def _check_2d(c, a, b, c0, *, k, rng) -> Verdict:
     if c.size == 0:
-        return True
-    if c.dtype.kind in "biu":
-        return _check_exact(c, a, b, c0, k=k, rng=rng)
-    bad_rows = ~np.isfinite(a).all(axis=1)
-    bad_cols = ~np.isfinite(b).all(axis=0)
+        return Verdict(True)
+    if c.dtype.kind == "b":
+        want = _lab_product(a, b, c0, c.dtype)
+        return Verdict(bool(np.array_equal(c, want)), want)
+    if c.dtype.kind in "iu":
+        return Verdict(_check_exact(c, a, b, c0, k=k, rng=rng))
+    u, inner = _unit_roundoff(c.dtype), a.shape[1]
+    a_full, b_full = a, b
+    work = np.dtype(np.complex128 if c.dtype.kind == "c" else np.float64)
+    with np.errstate(all="ignore"):
+        a_n2, b_n2 = _operand_sq_norms(a, axis=1), _operand_sq_norms(b, axis=0)
+    # Rows and columns holding NaN or inf (or too large to square): the lab recomputes them.
+    bad_rows, bad_cols = ~np.isfinite(a_n2), ~np.isfinite(b_n2)
     if c0 is not None:
         bad_rows |= ~np.isfinite(c0).all(axis=1)
-    with np.errstate(all="ignore"):
-        if bad_rows.any():
-            want = a[bad_rows] @ b + (0 if c0 is None else c0[bad_rows])
-            if not _same_values(c[bad_rows], want):
-                return False
-        if bad_cols.any():
-            want = a @ b[:, bad_cols] + (0 if c0 is None else c0[:, bad_cols])
-            if not _same_values(c[:, bad_cols], want):
-                return False
+    every = slice(None)
+    for sel, rows, cols in ((bad_rows, bad_rows, every), (bad_cols, every, bad_cols)):
+        if sel.any():
+            c0s = None if c0 is None else c0[rows][:, cols]
+            want = _lab_product(a[rows], b[:, cols], c0s, c.dtype)
+            if not _close(c[rows][:, cols], want, _entry_bound(a[rows], b[:, cols], c0s), u, inner):
+                return Verdict(False)
     good_r, good_c = ~bad_rows, ~bad_cols
     if not good_r.any() or not good_c.any():
-        return True
-    if good_r.all() and good_c.all():
-        cg, ag, bg, c0g = c, a, b, c0
-    else:
-        cg, ag, bg = c[good_r][:, good_c], a[good_r], b[:, good_c]
-        c0g = None if c0 is None else c0[good_r][:, good_c]
-    if not np.isfinite(cg).all():
+        return Verdict(True)
+    whole = bool(good_r.all() and good_c.all())
+    part = (lambda x: x) if whole else (lambda x: x[good_r][:, good_c])
+    cg, c0g = part(c), None if c0 is None else part(c0)
+    if not whole:
+        a, b = a[good_r], b[:, good_c]
+        a_n2, b_n2 = a_n2[good_r], b_n2[good_c]
+    rho = _calibrate(a, b, a_n2, b_n2, rng, work) if u > 1e3 * _U64 else math.sqrt(inner) * u
+    if _freivalds(cg, a, b, c0g, a_n2, b_n2, work=work, u=u, rho=rho, k=k or vectors_for(), rng=rng):
+        return Verdict(True)
+    # Suspicious: the lab computes the product itself and decides entry by entry.
+    return _decide(c, a_full, b_full, c0, part, a, b, u, work)
+
+
+def _decide(c, a, b, c0, part, a_good, b_good, u: float, work: np.dtype) -> Verdict:
+    """Entry by entry against the exact product (float64): within ``lambda sqrt(k) u sum_l |a_il b_lj|``.
+
+    The replacement the lab hands back is that product rounded once to the result's
+    precision; where it is not finite (overflow), numpy's own product decides.
+    """
+    cg, c0g = part(c), None if c0 is None else part(c0)
+    with np.errstate(all="ignore"):
+        exact = a.astype(work, copy=False) @ b.astype(work, copy=False)
+        if c0 is not None:
+            exact = exact + c0
+        replacement = exact.astype(c.dtype)
+    if not (np.isfinite(replacement).all() and np.isfinite(cg).all()):
+        replacement = _lab_product(a, b, c0, c.dtype)
+    ok = _close(cg, part(replacement), _entry_bound(a_good, b_good, c0g), u, a.shape[1], part(exact))
+    return Verdict(ok, replacement)
+
+
+def _unit_roundoff(dtype: np.dtype) -> float:
+    return float(np.finfo(dtype).eps) / 2
+
+
+def _lab_product(a, b, c0, dtype) -> np.ndarray:
+    """The product as the catalog's kernels compute it (matmul, then the accumulator added)."""
+    with np.errstate(all="ignore"):
+        p = np.matmul(a, b)
+        if c0 is not None:
+            p = c0 + p
+    return np.asarray(p).astype(dtype, copy=False)
+
+
+def _entry_bound(a, b, c0) -> tuple[np.ndarray, float]:
+    """``sum_l |a_il b_lj| (+ |c0_ij|)`` in float64, as (bound / scale, scale): each entry's error scales with it.
+
+    The scale is a power of two taken out of both operands, so the bound of data near
+    the overflow threshold stays finite (an infinite bound would accept anything).
+    """
+    with np.errstate(all="ignore"):
+        abs_a, abs_b = np.abs(a).astype(np.float64), np.abs(b).astype(np.float64)
+        sa, sb = _pow2(abs_a), _pow2(abs_b)
+        bound = (abs_a / sa) @ (abs_b / sb)
+        if c0 is not None:
+            bound += np.abs(c0).astype(np.float64) / (sa * sb)
+    return bound, sa * sb
+
+
+def _pow2(x: np.ndarray) -> float:
+    """A power of two near the largest finite magnitude in ``x`` (1.0 when there is none)."""
+    top = float(np.max(x, where=np.isfinite(x), initial=0.0))
+    return math.ldexp(1.0, math.frexp(top)[1]) if top > 0 else 1.0
+
+
+def _close(got, want, bound_scaled, u: float, inner: int, exact=None) -> bool:
+    """NaN/inf exactly where ``want`` has them; elsewhere within the probabilistic bound.
+
+    Of the ``exact`` product when given (one rounding error to allow for), else of ``want``
+    (the lab's own result in the same precision: twice the bound).
+    """
+    bound, scale = bound_scaled
+    if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))):
         return False
-    return _freivalds(cg, ag, bg, c0g, k=k or vectors_for(), rng=rng)
+    with np.errstate(all="ignore"):
+        inf = np.isinf(want)
+        if inf.any() and not np.array_equal(got[inf], want[inf]):  # same signs (and phases)
+            return False
+        fin = np.isfinite(want)
+        work = np.complex128 if got.dtype.kind == "c" else np.float64
+        reference, factor = (want, 2.0) if exact is None else (exact, 1.0)
+        diff = np.abs(got[fin].astype(work) / scale - reference[fin].astype(work) / scale)
+        tol = factor * LAMBDA * math.sqrt(max(inner, 1)) * (u + _U64) * bound[fin] + _TINY / scale
+        return bool(np.all(diff <= tol))
 
 
-def _same_values(got: np.ndarray, want: np.ndarray) -> bool:
-    """Exact agreement of the non-finite pattern, close agreement elsewhere."""
-    fin = np.isfinite(want)
-    scale = float(np.abs(want[fin]).max(initial=0.0))
-    return (
-        np.array_equal(np.isnan(got), np.isnan(want))
-        and np.array_equal(np.isposinf(got), np.isposinf(want))
-        and np.array_equal(np.isneginf(got), np.isneginf(want))
-        and bool(np.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-6 * (scale + 1.0)))
-    )
-
-
-def _freivalds(c, a, b, c0, *, k: int, rng: np.random.Generator) -> bool:
-    u = float(np.finfo(c.dtype).eps) / 2
-    work = np.complex128 if c.dtype.kind == "c" else np.float64
-    c, a, b = (x.astype(work, copy=False) for x in (c, a, b))
+def _freivalds(c, a, b, c0, a_n2, b_n2, *, work: np.dtype, u: float, rho: float, k: int,
+               rng: np.random.Generator) -> bool:
+    """The projected test: every |((C - C0) R - A (B R))_iv| within z honest standard deviations."""
+    inner, m = a.shape[1], max(a.shape[1], b.shape[1])
     r = rng.standard_normal((b.shape[1], k))
     r2 = r * r
-    residual = c @ r - a @ (b @ r)
-    # the volunteer's rounding in each entry, projected in quadrature
-    a_norm = np.sqrt(_sq_norms(a, axis=1))[:, None]
-    b_norm2 = _sq_norms(b, axis=0)[None, :]
-    scale = a_norm * np.sqrt(b_norm2 @ r2)
-    inner = a.shape[1]
-    tol = LAMBDA * math.sqrt(inner) * (u + _U64) * scale
-    # rounding of the check itself, and of the addend
-    tol += LAMBDA * _U64 * math.sqrt(c.shape[1]) * np.sqrt(_abs2(c) @ r2)
-    if c0 is not None:
-        c0 = c0.astype(work, copy=False)
-        residual -= c0 @ r
-        tol += LAMBDA * (u + _U64) * math.sqrt(c.shape[1]) * np.sqrt(_abs2(c0) @ r2)
-    tol += np.finfo(np.float64).tiny
-    return bool(np.all(np.abs(residual) <= tol))
+    r_norm = np.sqrt(r2.sum(axis=0))[None, :]
+    with np.errstate(all="ignore"):
+        br = _times(b, r, work)
+        if c0 is None:
+            dr, c0_norm, d_norm = _times(c, r, work), None, None
+        else:
+            dr, c0_norm, d_norm = _difference_terms(c, c0, r, work)
+        residual = dr - _times(a, br, work)
+        a_norm = np.sqrt(a_n2)[:, None]
+        tol = Z * rho * a_norm * np.sqrt(b_n2 @ r2)[None, :]  # z sqrt(sum_j (rho |a_i| |b_j| r_j)^2)
+        # rounding of the check itself (float64 products, each bounded through |c_ij| <= |a_i| |b_j|)
+        check = 2 * math.sqrt(b_n2.sum()) * r_norm + np.sqrt(_sq_norms(br, axis=0))[None, :]
+        tol += LAMBDA * math.sqrt(m) * _U64 * a_norm * check
+        if c0 is not None:
+            # the volunteer's rounding of c0 + a @ b (|c_ij| <= |c0_ij| + |d_ij|: a Gaussian projection
+            # of errors within u |c_ij|), and the check's own of c - c0 and of d @ r
+            tol += Z * u * (c0_norm + d_norm) + LAMBDA * math.sqrt(m) * _U64 * (2 * c0_norm + d_norm) * r_norm
+        tol += _TINY
+        # an infinite tolerance (data near overflow) proves nothing: let the lab recompute
+        return bool(np.isfinite(tol).all() and np.all(np.abs(residual) <= tol))
 
 
-def _abs2(x: np.ndarray) -> np.ndarray:
-    return (x * x.conj()).real if x.dtype.kind == "c" else x * x
+#: Bytes of ``work``-precision temporaries a check converts at a time: the lab never copies a
+#: whole float32 operand into float64 (fresh memory costs page faults, and the lab's memory is the grid's).
+_CHUNK_BYTES = 1 << 22
+
+
+def _rows_per_chunk(x: np.ndarray, work: np.dtype) -> int:
+    return max(1, _CHUNK_BYTES // max(1, x.shape[1] * work.itemsize))
+
+
+def _times(x: np.ndarray, y: np.ndarray, work: np.dtype) -> np.ndarray:
+    """``x @ y`` in ``work`` precision, for a large ``x`` and a thin ``y``, a block of rows of ``x`` at a time."""
+    if x.dtype == work:
+        return x @ y
+    out = np.empty((x.shape[0], y.shape[1]), np.result_type(work, y.dtype))
+    step = _rows_per_chunk(x, work)
+    for i in range(0, x.shape[0], step):
+        np.matmul(x[i:i + step].astype(work), y, out=out[i:i + step])
+    return out
+
+
+def _times_left(s: np.ndarray, x: np.ndarray, work: np.dtype) -> np.ndarray:
+    """``s @ x`` in ``work`` precision, for a few rows ``s`` and a large ``x``, a block of rows of ``x`` at a time."""
+    s = s.astype(work, copy=False)
+    if x.dtype == work:
+        return s @ x
+    out = np.zeros((s.shape[0], x.shape[1]), work)
+    step = _rows_per_chunk(x, work)
+    for i in range(0, x.shape[0], step):
+        out += s[:, i:i + step] @ x[i:i + step].astype(work)
+    return out
+
+
+def _difference_terms(c, c0, r, work: np.dtype):
+    """``(C - C0) r`` and the row norms of ``C0`` and of ``C - C0``, in ``work``, a block of rows at a time."""
+    dr = np.empty((c.shape[0], r.shape[1]), np.result_type(work, r.dtype))
+    c0_norm, d_norm = np.empty((c.shape[0], 1)), np.empty((c.shape[0], 1))
+    step = _rows_per_chunk(c, work)
+    for i in range(0, c.shape[0], step):
+        c0i = c0[i:i + step].astype(work)
+        di = c[i:i + step].astype(work) - c0i
+        np.matmul(di, r, out=dr[i:i + step])
+        c0_norm[i:i + step, 0] = np.sqrt(_sq_norms(c0i, axis=1))
+        d_norm[i:i + step, 0] = np.sqrt(_sq_norms(di, axis=1))
+    return dr, c0_norm, d_norm
+
+
+def _calibrate(a, b, a_n2, b_n2, rng: np.random.Generator, work: np.dtype) -> float:
+    """An honest kernel's error on this data, per unit of |a_i| |b_j|, measured on a few rows.
+
+    The lab computes random rows of the product in the volunteer's precision (as the
+    catalog kernel does) and in float64; the largest ratio ``|e_s| / (|a_s| |B|_F)``
+    (floored at ``u / 4``) stands for every row.
+    """
+    u = _unit_roundoff(np.result_type(a.dtype, b.dtype))
+    rows = rng.choice(a.shape[0], size=min(CALIBRATION_ROWS, a.shape[0]), replace=False)
+    with np.errstate(all="ignore"):
+        err = np.matmul(a[rows], b).astype(work) - _times_left(a[rows], b, work)
+        err2, scale2 = _sq_norms(err, axis=1), a_n2[rows] * b_n2.sum()
+        ratio = np.sqrt(err2[scale2 > 0] / scale2[scale2 > 0])
+    measured = float(ratio.max(initial=0.0))
+    return max(measured, u / 4) if math.isfinite(measured) else math.sqrt(a.shape[1]) * u
 
 
 def _sq_norms(x: np.ndarray, axis: int) -> np.ndarray:
-    return np.einsum("ij,ij->j" if axis == 0 else "ij,ij->i", x, x.conj()).real
+    """Squared 2-norms (float64) of the rows (axis=1) or columns (axis=0), without an n^2 temporary."""
+    work = np.complex128 if x.dtype.kind == "c" else np.float64
+    return np.einsum("ij,ij->j" if axis == 0 else "ij,ij->i", x, x.conj(), dtype=work).real
+
+
+def _operand_sq_norms(x: np.ndarray, axis: int) -> np.ndarray:
+    """:func:`_sq_norms` of an operand, remembered while it lives: a block of A (B) is an
+    operand of every task of its block row (column), and its norms cost a pass over it."""
+    if x.size < 1 << 16:
+        return _sq_norms(x, axis)
+    key = (id(x), axis)
+    hit = _NORMS.get(key)
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    norms = _sq_norms(x, axis)
+    try:
+        _NORMS[key] = (weakref.ref(x), norms)
+        weakref.finalize(x, _NORMS.pop, key, None)
+    except TypeError:  # not weak-referenceable
+        pass
+    return norms
+
+
+_NORMS: dict[tuple[int, int], tuple[weakref.ref, np.ndarray]] = {}
 
 
 def _check_exact(c, a, b, c0, *, k, rng) -> bool:
-    """Integer products: exact Freivalds with random 0/1 vectors (escape <= 2**-k)."""
+    """Integer products: exact Freivalds with random 0/1 vectors (escape <= 2**-k).
+
+    numpy's integer products wrap modulo the word size, and so do ``C r`` and
+    ``A (B r)``: the check works in that ring.
+    """
     k = max(k or 0, math.ceil(-math.log2(ESCAPE_PROBABILITY)))
     r = rng.integers(0, 2, size=(b.shape[1], k)).astype(c.dtype)
     with np.errstate(over="ignore"):
-        lhs = c @ r - (0 if c0 is None else c0 @ r)
-        rhs = a @ (b @ r)
+        lhs = c @ r - (0 if c0 is None else c0.astype(c.dtype) @ r)
+        rhs = a.astype(c.dtype) @ (b.astype(c.dtype) @ r)
     return bool(np.array_equal(lhs, rhs))

@@ -1,0 +1,484 @@
+"""Verified matrix product on the embedded grid vs numpy and plain dask.array (issue 3).
+
+One run, on this machine, side by side:
+
+* numpy ``a @ b`` with 2 BLAS threads (the benchmark process),
+* the grid: ``goblin_dask.LabNode.local(volunteers=2, threads_per_volunteer=1)``, ``ga`` matmul,
+  every block product Freivalds-checked on the lab worker,
+* plain ``dask.array`` matmul on a 2-worker ``distributed.LocalCluster`` (1 thread each),
+  with the same blocks as the grid's product.
+
+For n = 8192 and 4096, float64 and float32.  Inputs are persisted first (that transfer is
+timed on its own); then ``(x @ y).compute()`` (result returned to the client) and
+``(x @ y).persist()`` + wait (product and verification only) are timed, best of
+``--repeats``.  Each result is compared with numpy's.  Per timed section it prints the
+load average and the busy CPU of the machine just before, the CPU seconds each process
+spent, and (grid) a breakdown from the task stream: volunteer compute, block transfers,
+Freivalds checks on the lab worker, gather to the client.
+
+Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/venv/bin/python benchmarks/matmul.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import write_section  # noqa: E402
+
+CLK = os.sysconf("SC_CLK_TCK")
+SECTION = "## Matrix product (issue 3)"
+
+
+# -- machine state ------------------------------------------------------------------------
+
+def _cpu_totals() -> tuple[float, float]:
+    with open("/proc/stat") as f:
+        parts = [float(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    return sum(parts), idle
+
+
+def busy_cores(seconds: float = 1.0) -> float:
+    """Cores busy (all processes) over the last ``seconds``."""
+    t0, i0 = _cpu_totals()
+    time.sleep(seconds)
+    t1, i1 = _cpu_totals()
+    ncpu = os.cpu_count() or 1
+    return ncpu * (1.0 - (i1 - i0) / max(t1 - t0, 1e-9))
+
+
+BUSY_THRESHOLD = 0.35
+
+
+def quiet_machine(label: str, log: list, max_wait: float = 45.0, threshold: float | None = None) -> dict:
+    """Wait (up to ``max_wait`` s) until under ``threshold`` cores are busy; note the load."""
+    threshold = BUSY_THRESHOLD if threshold is None else threshold
+    waited = 0.0
+    busy = busy_cores()
+    while busy > threshold and waited < max_wait:
+        time.sleep(4.0)
+        waited += 5.0
+        busy = busy_cores()
+    la = os.getloadavg()
+    entry = {"section": label, "loadavg": [round(x, 2) for x in la], "busy_cores": round(busy, 2),
+             "waited_s": waited}
+    log.append(entry)
+    print(f"    [{label}] loadavg {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}, busy cores {busy:.2f}"
+          + (f", waited {waited:.0f} s" if waited else ""), flush=True)
+    return entry
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (float(fields[11]) + float(fields[12])) / CLK
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return float("nan")
+
+
+class CpuMeter:
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+
+    def __enter__(self):
+        self.start = {k: proc_cpu(p) for k, p in self.pids.items()}
+        return self
+
+    def __exit__(self, *exc):
+        self.used = {k: proc_cpu(p) - self.start[k] for k, p in self.pids.items()}
+
+
+def max_rel_error(c, ref) -> float:
+    c = np.asarray(c)
+    scale = float(np.abs(ref).max())
+    return float(np.abs(c.astype(np.float64) - ref.astype(np.float64)).max() / scale)
+
+
+# -- BLAS info --------------------------------------------------------------------------------
+
+def blas_info() -> list[dict]:
+    import threadpoolctl
+
+    return [{k: d.get(k) for k in ("internal_api", "architecture", "num_threads", "version", "threading_layer")}
+            for d in threadpoolctl.threadpool_info()]
+
+
+_VOLUNTEER_PROBE = """
+import json, threadpoolctl
+from goblin_dask.volunteer import prepare_process
+prepare_process(False)
+print(json.dumps([{k: d.get(k) for k in ("internal_api", "architecture", "num_threads", "version")}
+                  for d in threadpoolctl.threadpool_info()]))
+"""
+
+
+def volunteer_blas_probe() -> list[dict]:
+    """threadpool_info() in a process started like LabNode.local starts a volunteer.
+
+    A volunteer refuses ``client.run``, so this replays its start: same interpreter, same
+    environment (``os.environ`` + PYTHONUNBUFFERED), same ``prepare_process``.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    out = subprocess.run([sys.executable, "-c", _VOLUNTEER_PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return [{"error": out.stderr[-500:]}]
+
+
+def env_threads(pid: int) -> dict:
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+    except OSError:
+        return {}
+    return {k: env.get(k.encode(), b"<unset>").decode() for k in keys}
+
+
+def dask_worker_blas() -> list[dict]:
+    import threadpoolctl
+
+    return [{k: d.get(k) for k in ("internal_api", "architecture", "num_threads")}
+            for d in threadpoolctl.threadpool_info()]
+
+
+# -- task stream breakdown --------------------------------------------------------------------
+
+def grid_breakdown(stream: list[dict], lab_addr: str, volunteer_addrs: set, t_start: float, t_end: float) -> dict:
+    """Seconds of each kind of work in one grid run, from the task stream.
+
+    vol_compute: sum over volunteer product tasks; vol_transfer_in: blocks fetched by
+    volunteers (from the lab worker, TLS); lab_check: Freivalds checks (check tasks on the
+    lab worker); lab_transfer_in: results fetched by the lab worker from volunteers;
+    first_task: submit + schedule until the first task starts; tail: end of the last task
+    until the client has the result (gather of the result to the client, finalize).
+    """
+    out = defaultdict(float)
+    others: set = set()
+    first, last = float("inf"), 0.0
+    for rec in stream:
+        w = rec.get("worker")
+        key = rec.get("key")
+        name = key[0] if isinstance(key, (tuple, list)) else str(key)
+        name = name[0] if isinstance(name, (tuple, list)) else name
+        for ss in rec.get("startstops", ()):
+            dur = ss["stop"] - ss["start"]
+            first, last = min(first, ss["start"]), max(last, ss["stop"])
+            act = ss["action"]
+            if w in volunteer_addrs:
+                where = "vol"
+            elif w == lab_addr:
+                where = "lab"
+            else:
+                where = "other"
+            if act == "compute":
+                if where == "vol":
+                    out["vol_compute"] += dur
+                elif str(name).startswith("matmul"):
+                    out["lab_check"] += dur
+                else:
+                    out["lab_other_compute"] += dur
+                    others.add(str(name).split("-")[0])
+            elif act == "transfer":
+                out[f"{where}_transfer_in"] += dur
+            else:
+                out[f"{where}_{act}"] += dur
+    out["first_task"] = (first - t_start) if first != float("inf") else float("nan")
+    out["tail"] = t_end - last if last else float("nan")
+    out["span"] = (last - first) if last else float("nan")
+    res = {k: round(v, 2) for k, v in out.items()}
+    if others:
+        res["lab_other_ops"] = sorted(others)
+    return res
+
+
+def dask_breakdown(stream: list[dict], t_start: float, t_end: float) -> dict:
+    out = defaultdict(float)
+    first, last = float("inf"), 0.0
+    for rec in stream:
+        for ss in rec.get("startstops", ()):
+            first, last = min(first, ss["start"]), max(last, ss["stop"])
+            out[ss["action"]] += ss["stop"] - ss["start"]
+    out["first_task"] = (first - t_start) if first != float("inf") else float("nan")
+    out["tail"] = t_end - last if last else float("nan")
+    out["span"] = (last - first) if last else float("nan")
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+# -- report ---------------------------------------------------------------------------------
+
+def markdown(command: str, info: dict, results: list[dict]) -> str:
+    """The RESULTS.md section: command, machine, the table, and where the grid's time went."""
+    blas = info["numpy_blas"][0] if info["numpy_blas"] else {}
+    vol = next((d for d in info["volunteer_blas_probe"] if d.get("internal_api") not in ("openmp",)), {})
+    lines = [SECTION, "", f"Command: `{command}`", "",
+             f"Machine: {os.cpu_count()} cores, {_cpu_model()}; BLAS (threadpoolctl): {blas.get('internal_api')} "
+             f"{blas.get('version')}, kernel {blas.get('architecture')}; numpy with {blas.get('num_threads')} threads, "
+             f"each volunteer and each dask worker with {vol.get('num_threads')} (1 task thread each).  "
+             "Inputs are persisted first (their transfer is timed apart: for the grid it lands on the lab worker, "
+             "which holds the lab's data; for dask on its workers).  Times are the best of the repeats; "
+             "speed = numpy's time / that time (target for the grid: at least 0.8x).", "",
+             "| n | dtype | blocks (bm, bk, bn) | numpy 2 threads | grid, verified (`compute()`) | grid / numpy "
+             "| grid `persist()` | dask LocalCluster 2x1 | dask / numpy | grid max rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        dask_cols = (f"{r['dask']:.2f} s | {r['dask_vs_numpy']:.2f}x" if r["dask"] == r["dask"] else "— | —")
+        lines.append(f"| {r['n']} | {r['dtype']} | {tuple(r['blocks'])} | {r['numpy']:.2f} s | {r['grid']:.2f} s "
+                     f"| **{r['grid_vs_numpy']:.2f}x** | {r['grid_persist']:.2f} s | {dask_cols} | {r['grid_err']:.1e} |")
+    lines += ["", "Where the grid's time went (best run; seconds summed over processes, from the task stream and "
+              "/proc CPU times):", "",
+              "| n | dtype | volunteer compute | volunteer fetch of blocks | lab fetch of results | Freivalds checks "
+              "| gather to client | span of tasks | CPU s: volunteers / lab / scheduler / client | verdicts |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        b, c = r["grid_breakdown"], r["grid_cpu"]
+        vols = sum(v for k, v in c.items() if k.startswith("volunteer"))
+        lines.append(f"| {r['n']} | {r['dtype']} | {b.get('vol_compute', 0):.1f} | {b.get('vol_transfer_in', 0):.1f} "
+                     f"| {b.get('lab_transfer_in', 0):.1f} | {b.get('lab_check', 0):.1f} | {b.get('tail', 0):.1f} "
+                     f"| {b.get('span', 0):.1f} | {vols:.1f} / {c.get('lab-worker', 0):.1f} / {c.get('scheduler', 0):.1f}"
+                     f" / {c.get('client', 0):.1f} | {r['grid_report']['by_method']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown processor"
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+def _sigterm_exits() -> None:
+    """SIGTERM (e.g. from ``timeout``) unwinds the with-blocks, so no grid process is left behind."""
+    import signal
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv=None) -> int:
+    _sigterm_exits()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="8192,4096")
+    p.add_argument("--dtypes", default="float64,float32")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--persist-repeats", type=int, default=1, help="repeats of the persist-only timing")
+    p.add_argument("--start-wait", type=float, default=300, help="seconds to wait for a quiet machine first")
+    p.add_argument("--busy-threshold", type=float, default=0.35,
+                   help="wait before a timed section while more cores than this are busy")
+    p.add_argument("--skip-dask", action="store_true", help="leave out the plain dask.array baseline")
+    p.add_argument("--write", action="store_true", help="write its section of benchmarks/RESULTS.md")
+    p.add_argument("--json", default=None, help="also write all numbers to this file")
+    args = p.parse_args(argv)
+    global BUSY_THRESHOLD
+    BUSY_THRESHOLD = args.busy_threshold
+    sizes = [int(s) for s in args.sizes.split(",")]
+    dtypes = [np.dtype(d) for d in args.dtypes.split(",")]
+
+    import dask
+    import dask.array as da
+    import distributed
+    import threadpoolctl
+    from distributed import Client, LocalCluster, get_task_stream, wait
+
+    import goblin_dask
+    import goblin_dask.array as ga
+    from goblin_dask.array.linalg import product_blocks, volunteer_capacity
+
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Sending large graph")
+    t_bench = time.perf_counter()
+    print("command:", "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE", sys.executable, " ".join(sys.argv))
+    print("env:", {k: os.environ.get(k, "<unset>") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                                              "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    print(f"numpy {np.__version__}, dask {dask.__version__}, distributed {distributed.__version__}, "
+          f"cpus {os.cpu_count()}")
+    info = {"numpy_blas": blas_info(), "volunteer_blas_probe": volunteer_blas_probe()}
+    print("BLAS, benchmark process (numpy):", info["numpy_blas"])
+    print("BLAS, volunteer probe (same env + prepare_process):", info["volunteer_blas_probe"])
+
+    results: list[dict] = []
+    loads: list[dict] = []
+    quiet_machine("start", loads, max_wait=float(args.start_wait))
+    rng = np.random.default_rng(0)
+
+    with goblin_dask.LabNode.local(volunteers=2, threads_per_volunteer=1) as node, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as dclient:
+        gclient = node.client
+        assert distributed.default_client() is gclient
+        vol_addrs = node.volunteer_addresses()
+        lab_addr = node.lab_worker_address()
+        grid_pids = {name: proc.pid for name, proc in node.processes.items()}
+        grid_pids["client"] = os.getpid()
+        dask_pids = {f"worker{i}": pid for i, pid in enumerate(dclient.run(os.getpid).values())}
+        dask_pids["client+scheduler"] = os.getpid()
+        info["volunteer_env"] = {n: env_threads(grid_pids[n]) for n in vol_addrs}
+        info["dask_worker_blas"] = list(dclient.run(dask_worker_blas).values())
+        budget, threads = volunteer_capacity()
+        info["volunteer_capacity"] = {"bytes_per_thread": budget, "threads": threads}
+        winfo = gclient.scheduler_info(n_workers=-1)["workers"]
+        info["grid_workers"] = {w.get("name"): {"nthreads": w.get("nthreads"), "memory_limit": w.get("memory_limit")}
+                                for w in winfo.values()}
+        print("volunteers' environment:", info["volunteer_env"])
+        print("dask LocalCluster workers' BLAS:", info["dask_worker_blas"])
+        print("grid workers:", info["grid_workers"], "capacity:", info["volunteer_capacity"])
+
+        for n in sizes:
+            for dt in dtypes:
+                frac = float(dask.config.get("goblin.product.memory-fraction", 0.25))
+                bm, bk, bn = product_blocks(n, n, n, dt.itemsize, budget * frac, threads)
+                print(f"\n== n={n} {dt}: product blocks (bm, bk, bn) = ({bm}, {bk}, {bn})", flush=True)
+                a = rng.standard_normal((n, n)).astype(dt)
+                b = rng.standard_normal((n, n)).astype(dt)
+                row = {"n": n, "dtype": str(dt), "blocks": [bm, bk, bn]}
+
+                # numpy, 2 threads
+                quiet_machine(f"numpy n={n} {dt}", loads)
+                times = []
+                with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+                    for _ in range(args.repeats):
+                        t = time.perf_counter()
+                        ref = a @ b
+                        times.append(time.perf_counter() - t)
+                row["numpy"] = min(times)
+                row["numpy_all"] = times
+                print(f"  numpy a@b: {', '.join(f'{x:.2f}' for x in times)} s", flush=True)
+
+                # the grid
+                x, y = ga.from_array(a, chunks=(bm, bk)), ga.from_array(b, chunks=(bk, bn))
+                quiet_machine(f"grid inputs n={n} {dt}", loads)
+                with CpuMeter(grid_pids) as cm:
+                    t = time.perf_counter()
+                    x, y = x.persist(), y.persist()
+                    wait([x, y])
+                    row["grid_input"] = time.perf_counter() - t
+                row["grid_input_cpu"] = {k: round(v, 2) for k, v in cm.used.items()}
+                print(f"  grid input transfer: {row['grid_input']:.2f} s, cpu {row['grid_input_cpu']}", flush=True)
+                rep0 = node.report()
+                times, errs, breakdowns, cpus = [], [], [], []
+                for _ in range(args.repeats):
+                    quiet_machine(f"grid compute n={n} {dt}", loads)
+                    with CpuMeter(grid_pids) as cm, get_task_stream(client=gclient) as ts:
+                        t = time.perf_counter()
+                        t_wall = time.time()
+                        c = (x @ y).compute()
+                        dur = time.perf_counter() - t
+                        t_wall_end = time.time()
+                    times.append(dur)
+                    errs.append(max_rel_error(c, ref))
+                    del c
+                    breakdowns.append(grid_breakdown(ts.data, lab_addr, set(vol_addrs.values()), t_wall, t_wall_end))
+                    cpus.append({k: round(v, 2) for k, v in cm.used.items()})
+                    print(f"  grid compute: {dur:.2f} s, err {errs[-1]:.2e}, {breakdowns[-1]}, cpu {cpus[-1]}",
+                          flush=True)
+                best = int(np.argmin(times))
+                row.update(grid=times[best], grid_all=times, grid_err=max(errs), grid_breakdown=breakdowns[best],
+                           grid_cpu=cpus[best])
+                rep1 = node.report()
+                row["grid_report"] = {"tasks": rep1["tasks"] - rep0["tasks"],
+                                      "accepted": rep1["accepted"] - rep0["accepted"],
+                                      "rejected": rep1["rejected"] - rep0["rejected"],
+                                      "by_method": rep1["by_method"], "overhead_cumulative": rep1["overhead"]}
+                print(f"  grid report: {row['grid_report']}", flush=True)
+                ptimes = []
+                for _ in range(args.persist_repeats):
+                    quiet_machine(f"grid persist n={n} {dt}", loads)
+                    t = time.perf_counter()
+                    z = (x @ y).persist()
+                    wait(z)
+                    ptimes.append(time.perf_counter() - t)
+                    del z
+                    time.sleep(0.5)
+                row["grid_persist"] = min(ptimes) if ptimes else None
+                print(f"  grid persist: {', '.join(f'{v:.2f}' for v in ptimes)} s", flush=True)
+                del x, y
+                time.sleep(1.0)
+
+                if args.skip_dask:
+                    row.update(dask=float("nan"), dask_persist=float("nan"), dask_input=float("nan"),
+                               dask_err=float("nan"))
+                    row["grid_vs_numpy"] = row["numpy"] / row["grid"]
+                    row["dask_vs_numpy"] = float("nan")
+                    results.append(row)
+                    print(f"  => numpy/grid {row['grid_vs_numpy']:.2f}x", flush=True)
+                    continue
+                # plain dask.array on a LocalCluster, same blocks
+                xd, yd = da.from_array(a, chunks=(bm, bk)), da.from_array(b, chunks=(bk, bn))
+                quiet_machine(f"dask inputs n={n} {dt}", loads)
+                t = time.perf_counter()
+                xd, yd = dclient.persist([xd, yd])
+                wait([xd, yd])
+                row["dask_input"] = time.perf_counter() - t
+                print(f"  dask input transfer: {row['dask_input']:.2f} s", flush=True)
+                times, errs, breakdowns, cpus = [], [], [], []
+                for _ in range(args.repeats):
+                    quiet_machine(f"dask compute n={n} {dt}", loads)
+                    with CpuMeter(dask_pids) as cm, get_task_stream(client=dclient) as ts:
+                        t = time.perf_counter()
+                        t_wall = time.time()
+                        c = dclient.compute(xd @ yd).result()
+                        dur = time.perf_counter() - t
+                        t_wall_end = time.time()
+                    times.append(dur)
+                    errs.append(max_rel_error(c, ref))
+                    del c
+                    breakdowns.append(dask_breakdown(ts.data, t_wall, t_wall_end))
+                    cpus.append({k: round(v, 2) for k, v in cm.used.items()})
+                    print(f"  dask compute: {dur:.2f} s, err {errs[-1]:.2e}, {breakdowns[-1]}, cpu {cpus[-1]}",
+                          flush=True)
+                best = int(np.argmin(times))
+                row.update(dask=times[best], dask_all=times, dask_err=max(errs), dask_breakdown=breakdowns[best],
+                           dask_cpu=cpus[best])
+                ptimes = []
+                for _ in range(args.persist_repeats):
+                    quiet_machine(f"dask persist n={n} {dt}", loads)
+                    t = time.perf_counter()
+                    z = dclient.persist(xd @ yd)
+                    wait(z)
+                    ptimes.append(time.perf_counter() - t)
+                    del z
+                    time.sleep(0.5)
+                row["dask_persist"] = min(ptimes) if ptimes else None
+                print(f"  dask persist: {', '.join(f'{v:.2f}' for v in ptimes)} s", flush=True)
+                del xd, yd, ref, a, b
+                time.sleep(1.0)
+                row["grid_vs_numpy"] = row["numpy"] / row["grid"]
+                row["dask_vs_numpy"] = row["numpy"] / row["dask"]
+                results.append(row)
+                print(f"  => numpy/grid {row['grid_vs_numpy']:.2f}x, numpy/dask {row['dask_vs_numpy']:.2f}x",
+                      flush=True)
+
+    command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/matmul.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    text = markdown(command, info, results)
+    print("\n" + text)
+    print(f"total benchmark time {time.perf_counter() - t_bench:.0f} s")
+    if args.write:
+        write_section(SECTION, text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "results": results, "loads": loads}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

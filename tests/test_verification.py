@@ -1,0 +1,238 @@
+"""The checks themselves, against numpy float64 references (no grid: see test_verification_grid)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dask._task_spec import DataNode, Task, TaskRef
+
+from goblin_dask.ops import CatalogTask, get
+from goblin_dask.validation.checks import accept, insert_checks, is_unverified_key, same_result
+from goblin_dask.validation.freivalds import ESCAPE_PROBABILITY, check_product, vectors_for
+from scheduler_plugins.verification import TrustPolicy
+from tests.cheaters import corrupt
+
+RNG = np.random.default_rng(2024)
+
+
+def _operands(kind: str, n: int, dtype):
+    shape = (n, n + 3), (n + 3, n - 1)
+    if kind == "normal":
+        a, b = (RNG.standard_normal(s) for s in shape)
+    elif kind == "positive":  # partial sums grow: the largest rounding errors of a blocked kernel
+        a, b = (RNG.random(s) for s in shape)
+    elif kind == "offset":  # mean far above the spread
+        a, b = (1 + 1e-3 * RNG.standard_normal(s) for s in shape)
+    elif kind == "scaled":  # rows and columns over ten orders of magnitude
+        a = RNG.standard_normal(shape[0]) * 10.0 ** RNG.uniform(-5, 5, (shape[0][0], 1))
+        b = RNG.standard_normal(shape[1]) * 10.0 ** RNG.uniform(-5, 5, (1, shape[1][1]))
+    elif kind == "huge":  # near float64's range: squares would overflow
+        a, b = (RNG.standard_normal(s) * 1e150 for s in shape)
+    else:
+        raise ValueError(kind)
+    return a.astype(dtype), b.astype(dtype)
+
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", ["normal", "positive", "offset", "scaled"])
+@pytest.mark.parametrize("n", [16, 200, 700])
+def test_honest_products_are_accepted_without_recomputation(dtype, kind, n):
+    a, b = _operands(kind, n, dtype)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * _operands(kind, n, dtype)[0]
+    verdict = check_product(a @ b, a, b)
+    assert verdict.accepted and verdict.recomputed is None  # not even suspicious
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", ["normal", "positive", "offset", "scaled"])
+@pytest.mark.parametrize("cheat", ["noise", "zeros", "element"])
+@pytest.mark.parametrize("n", [64, 1024])
+def test_wrong_products_are_rejected(dtype, kind, cheat, n):
+    a, b = _operands(kind, n, dtype)
+    c = a @ b
+    wrong = corrupt(cheat, c, {})
+    assert not np.array_equal(wrong, c)
+    verdict = check_product(wrong, a, b)
+    assert not verdict.accepted
+    # the lab's own product comes with the rejection, equal to numpy's
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(verdict.recomputed, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_a_stale_result_and_a_transposed_one_are_rejected():
+    a, b = _operands("normal", 300, np.float64)
+    a2, b2 = _operands("normal", 300, np.float64)
+    assert not check_product(a2 @ b2, a, b)
+    square = a[:, :300] @ b[:300, :300]
+    assert not check_product(square.T.copy(), a[:, :300], b[:300, :300])
+
+
+def test_float32_single_element_off_by_1e_3_is_detected_at_large_sizes():
+    for n in (256, 1024, 2048):
+        a, b = _operands("normal", n, np.float32)
+        c = a @ b
+        for trial in range(3):
+            wrong = c.copy()
+            wrong.flat[RNG.integers(c.size)] *= np.float32(1 + 1e-3)
+            if abs(wrong - c).max() > 1e-3 * 0.5 * np.abs(c).max():  # a full-size element
+                assert not check_product(wrong, a, b), (n, trial)
+        assert not check_product(corrupt("element", c, {}), a, b)
+
+
+def test_an_honest_but_less_accurate_kernel_is_recomputed_never_rejected():
+    """Rounding errors 50 times BLAS's (but within what theory allows): suspicious, then cleared by the lab."""
+    a, b = _operands("normal", 600, np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    u = np.finfo(np.float32).eps / 2
+    sloppy = (exact + np.sqrt(600) * u * bound * RNG.uniform(-1, 1, exact.shape)).astype(np.float32)
+    verdict = check_product(sloppy, a, b)
+    assert verdict.accepted and verdict.recomputed is not None
+    np.testing.assert_allclose(verdict.recomputed, exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
+
+
+def test_data_near_overflow_is_checked_not_waved_through():
+    a, b = _operands("huge", 100, np.float64)
+    c = a @ b
+    assert check_product(c, a, b)
+    assert not check_product(corrupt("element", c, {}), a, b)
+
+
+def test_nan_and_inf_must_sit_exactly_where_numpy_puts_them():
+    a, b = _operands("normal", 120, np.float64)
+    a[3, 5], a[50, 0], b[7, 9], b[0, 100] = np.nan, np.inf, -np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        c = a @ b
+    assert np.isnan(c).any() and np.isinf(c).any()
+    assert check_product(c, a, b)
+    for cheat in ("noise", "zeros", "element"):
+        assert not check_product(corrupt(cheat, c, {}), a, b), cheat
+    inf_at = np.argwhere(np.isinf(c))[0]
+    for wrong_value in (np.nan, -c[tuple(inf_at)], 1e300):
+        wrong = c.copy()
+        wrong[tuple(inf_at)] = wrong_value
+        assert not check_product(wrong, a, b)
+    nan_at = np.argwhere(np.isnan(c))[0]
+    wrong = c.copy()
+    wrong[tuple(nan_at)] = np.inf
+    assert not check_product(wrong, a, b)
+    finite = c.copy()
+    finite[~np.isfinite(finite)] = 0.0
+    assert not check_product(finite, a, b)
+
+
+def test_accumulating_products_batches_and_vectors():
+    a, b = _operands("normal", 150, np.float32)
+    c0 = RNG.standard_normal((a.shape[0], b.shape[1])).astype(np.float32) * 100
+    c = get("matmul_accumulate")(c0.copy(), a, b)
+    assert check_product(c, a, b, c0)
+    assert not check_product(corrupt("element", c, {}), a, b, c0)
+    assert not check_product(c, a, b, c0 * 0)
+    batch_a, batch_b = RNG.standard_normal((3, 40, 30)), RNG.standard_normal((30, 20))
+    assert check_product(batch_a @ batch_b, batch_a, batch_b)
+    assert not check_product(corrupt("element", batch_a @ batch_b, {}), batch_a, batch_b)
+    v = RNG.standard_normal(30)
+    assert check_product(batch_a[0] @ v, batch_a[0], v) and not check_product(batch_a[0] @ v + 1e-6, batch_a[0], v)
+    assert not check_product(np.zeros((40, 21)), batch_a[0], batch_b)  # wrong shape
+    assert not check_product((batch_a[0] @ batch_b).astype(np.float32), batch_a[0], batch_b)  # wrong dtype
+
+
+def test_integer_and_boolean_products_are_exact():
+    a, b = RNG.integers(-2**20, 2**20, (80, 90)).astype(np.int32), RNG.integers(-2**20, 2**20, (90, 70)).astype(np.int32)
+    with np.errstate(over="ignore"):
+        c = a @ b  # wraps around modulo 2**32, as the volunteer's kernel does
+    assert check_product(c, a, b)
+    wrong = c.copy()
+    wrong[10, 10] += 1
+    assert not check_product(wrong, a, b)
+    p, q = RNG.random((50, 60)) < 0.05, RNG.random((60, 40)) < 0.05
+    assert check_product(p @ q, p, q)
+    flipped = p @ q
+    flipped[0, 0] = ~flipped[0, 0]
+    assert not check_product(flipped, p, q)
+
+
+def test_enough_vectors_for_the_escape_target():
+    k = vectors_for()
+    assert 0.08 ** k < ESCAPE_PROBABILITY <= 0.08 ** (k - 1)
+
+
+@pytest.mark.parametrize("op, operands, params", [
+    ("matmul", ((50, 40), (40, 30)), {}),
+    ("tensordot", ((6, 5, 7), (7, 5, 4)), {"axes": ([1, 2], [1, 0])}),
+    ("einsum", ((3, 20, 10), (3, 10, 8)), {"subscripts": "bij,bjk->bki"}),
+])
+def test_accept_returns_honest_results_and_replaces_wrong_ones(op, operands, params):
+    spec = get(op)
+    args = [RNG.standard_normal(s) for s in operands]
+    honest = spec(*args, **params)
+    want = spec.numpy(*args, **params)
+    assert accept("k", honest, *args, op=spec, params=params) is honest
+    for cheat in ("noise", "element"):
+        replaced = accept("k", corrupt(cheat, honest, {}), *args, op=spec, params=params)
+        np.testing.assert_allclose(replaced, want, rtol=1e-13, atol=1e-13)
+    assert accept("k", honest[..., :-1], *args, op=spec, params=params).shape == want.shape
+
+
+def test_same_result_exact_for_integers_within_rounding_for_floats():
+    x = RNG.standard_normal(1000)
+    assert same_result(x, x * (1 + 1e-15))
+    assert not same_result(x, x * (1 + 1e-9))
+    assert not same_result(x, x.astype(np.float32))
+    i = np.arange(10)
+    assert same_result(i, i.copy()) and not same_result(i, i + np.eye(10, dtype=int)[0])
+    assert not same_result(np.array([1.0, np.nan]), np.array([1.0, np.inf]))
+    assert same_result(np.array([1.0, np.nan]), np.array([1.0, np.nan]))
+    # a sum of many terms: its rounding scales with the terms, not with the (cancelled) result
+    terms = RNG.standard_normal((100_000, 1)) * 1e6
+    s = terms.sum(axis=0)
+    assert same_result(s + 1e-7, s, (terms,))  # another summation order
+    assert not same_result(s + 1e-2, s, (terms,))
+
+
+def test_trust_lowers_replication_and_sampling_never_to_zero():
+    policy = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01)
+    assert [policy.replica_rate(t) for t in (0, 9)] == [1.0, 1.0]
+    rates = [policy.replica_rate(t) for t in (10, 20, 100, 10_000)]
+    assert rates == sorted(rates, reverse=True) and rates[0] == 1.0 and rates[-1] == 0.05
+    samples = [policy.sampling_rate(t) for t in (10, 20, 1000, 10**6)]
+    assert samples == sorted(samples, reverse=True) and samples[-1] == 0.01
+
+
+def test_insert_checks_puts_volunteer_tasks_under_unverified_keys():
+    src = ("source-0123456789abcdef", 0)
+    dsk = {src: DataNode(src, np.ones((4, 4))),
+           ("matmul-0123456789abcdef", 0): CatalogTask(("matmul-0123456789abcdef", 0), get("matmul"), TaskRef(src), TaskRef(src)),
+           ("add-0123456789abcdef", 0): CatalogTask(("add-0123456789abcdef", 0), get("add"), TaskRef(src), 1, placement="lab")}
+    out = insert_checks(dsk, list(dsk))
+    raw = ("unverified-matmul-0123456789abcdef", 0)
+    assert is_unverified_key(raw) and isinstance(out[raw], CatalogTask)
+    check = out[("matmul-0123456789abcdef", 0)]
+    assert isinstance(check, Task) and check.func is accept and raw in check.dependencies
+    assert check.kwargs["method"] == "freivalds" and check.kwargs["refs"] == (src, src)
+    assert out[("add-0123456789abcdef", 0)] is dsk[("add-0123456789abcdef", 0)]  # on the lab: nothing to check
+    assert check({raw: np.full((4, 4), 4.0), src: np.ones((4, 4))}).sum() == 64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=lambda d: np.dtype(d).name)
+def test_low_precision_checks_convert_by_blocks_of_rows(monkeypatch, dtype):
+    """The float64 work copies are made a few rows at a time; the verdicts are those of the whole-copy check."""
+    from goblin_dask.validation import freivalds
+
+    monkeypatch.setattr(freivalds, "_CHUNK_BYTES", 5 * 8 * 130)  # 5 rows of a 130-wide float64 block: many chunks
+    a, b = _operands("normal", 127, dtype)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * _operands("normal", 127, dtype)[0]
+    c0 = (RNG.standard_normal((a.shape[0], b.shape[1])) * 10).astype(dtype)
+    c = get("matmul_accumulate")(c0.copy(), a, b)
+    assert freivalds._rows_per_chunk(a, np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)) <= 5
+    assert check_product(a @ b, a, b).recomputed is None
+    assert check_product(c, a, b, c0).recomputed is None
+    for cheat in ("noise", "element"):
+        assert not check_product(corrupt(cheat, a @ b, {}), a, b)
+        assert not check_product(corrupt(cheat, c, {}), a, b, c0)

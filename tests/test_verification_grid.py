@@ -1,0 +1,154 @@
+"""Cheating volunteers, each a real volunteer process, against a real lab node.
+
+In every case: no wrong result is accepted (every accepted block equals numpy's), the
+final answer equals numpy's, the cheater is banned (credential revoked, disconnected,
+refused when it reconnects) and honest volunteers are never banned, on finite data and
+on data with NaN and inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import goblin_dask.array as ga
+from goblin_dask.lab import LabNode
+from tests.conftest import assemble, blocked_product_graph, read_log, wait_for
+
+BLOCK = 48
+#: products run until the cheaters are caught (each run gives every volunteer work)
+MAX_ROUNDS = 8
+
+
+@pytest.fixture(scope="module")
+def grid():
+    """A lab node with two honest volunteers; each test adds its cheaters."""
+    with LabNode.local(volunteers=2) as node:
+        yield node
+
+
+def _data(seed: int, nonfinite: bool, n: int = 6 * BLOCK):
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    if nonfinite:  # a few NaN/inf: their rows and columns of every block product are non-finite
+        a[5, 7], a[n - 3, 2 * BLOCK + 1] = np.nan, np.inf
+        b[BLOCK + 4, 9], b[3, n - 5] = -np.inf, np.nan
+    return a, b
+
+
+def _run_product(node, a, b):
+    """One verified blocked product; asserts every accepted block and the answer against numpy."""
+    dsk, keys, blocks = blocked_product_graph(a, b, BLOCK)
+    results = node.client.get(dsk, keys)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for key, got in zip(keys, results):  # each accepted number, not only the sum
+            i, j, k = key[1:]
+            want = a[i * BLOCK:(i + 1) * BLOCK, k * BLOCK:(k + 1) * BLOCK] @ b[k * BLOCK:(k + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK]
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+        c = assemble({k[1:]: r for k, r in zip(keys, results)}, (a.shape[0], b.shape[1]), blocks)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-10, atol=1e-10, equal_nan=True)
+
+
+def _until_banned(node, cheaters, seed, nonfinite):
+    for round in range(MAX_ROUNDS):
+        _run_product(node, *_data(seed + round, nonfinite))
+        volunteers = node.report()["volunteers"]
+        if all(volunteers[c]["banned"] for c in cheaters):
+            return volunteers
+    pytest.fail(f"cheaters not banned after {MAX_ROUNDS} products: {node.report()}")
+
+
+def _assert_banned_and_refused(node, name):
+    wait_for(lambda: name not in node.volunteer_names(), f"{name} to be disconnected")
+    assert node.processes[name].wait(120) == 2  # it reconnected and the node refused it
+    assert "refused" in read_log(node._log_path(name))
+
+
+def _assert_honest_untouched(node, honest):
+    volunteers = node.report()["volunteers"]
+    for name in honest:
+        assert volunteers[name]["rejected"] == 0 and not volunteers[name]["banned"], volunteers[name]
+        assert name in node.volunteer_names()
+
+
+def _cheater(node, kind, *extra):
+    return node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", kind, *extra))
+
+
+@pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nan-inf"])
+@pytest.mark.parametrize("kind", ["noise", "zeros", "element", "stale"])
+def test_a_cheater_is_caught_and_banned(grid, kind, nonfinite):
+    honest = grid.volunteer_names()
+    cheater = _cheater(grid, kind)
+    seed = 10 * ["noise", "zeros", "element", "stale"].index(kind) + nonfinite
+    volunteers = _until_banned(grid, [cheater], seed=seed, nonfinite=nonfinite)
+    assert volunteers[cheater]["rejected"] >= 2 and volunteers[cheater]["trust"] == 0
+    _assert_banned_and_refused(grid, cheater)
+    _assert_honest_untouched(grid, honest)
+
+
+def test_honest_for_twenty_tasks_then_cheating(grid):
+    honest = grid.volunteer_names()
+    cheater = _cheater(grid, "element", "--honest-first", "20")
+    volunteers = _until_banned(grid, [cheater], seed=50, nonfinite=False)
+    assert volunteers[cheater]["accepted"] >= 20  # it had earned trust; its products are checked anyway
+    _assert_banned_and_refused(grid, cheater)
+    _assert_honest_untouched(grid, honest)
+
+
+@pytest.mark.slow
+def test_two_cheaters_at_once(grid):
+    honest = grid.volunteer_names()
+    cheaters = [_cheater(grid, "zeros"), _cheater(grid, "stale")]
+    _until_banned(grid, cheaters, seed=60, nonfinite=True)
+    for name in cheaters:
+        _assert_banned_and_refused(grid, name)
+    _assert_honest_untouched(grid, honest)
+
+
+def test_replicas_catch_a_cheater_on_ops_no_product_check_covers(grid):
+    """Random blocks (replica method): a second volunteer recomputes; on disagreement the lab decides."""
+    honest = grid.volunteer_names()
+    cheater = _cheater(grid, "noise")
+    for seed in range(MAX_ROUNDS):
+        x = ga.random.standard_normal((6 * BLOCK, 6 * BLOCK), chunks=BLOCK, seed=seed)
+        np.testing.assert_array_equal(x.compute(), x.compute(scheduler="sync"))  # the same numbers as here
+        if grid.report()["volunteers"][cheater]["banned"]:
+            break
+    report = grid.report()
+    assert report["volunteers"][cheater]["banned"], report
+    assert report["by_method"].get("replica", 0) > 0
+    _assert_banned_and_refused(grid, cheater)
+    _assert_honest_untouched(grid, honest)
+
+
+@pytest.fixture
+def impatient_grid(monkeypatch, tmp_path):
+    """A lab node with a 2 s deadline and trust earned after 16 verified results."""
+    monkeypatch.setenv("DASK_GOBLIN__VERIFICATION__DEADLINE", "2")
+    monkeypatch.setenv("DASK_GOBLIN__VERIFICATION__TRUST_THRESHOLD", "16")
+    with LabNode.local(volunteers=2, state_dir=tmp_path / "lab") as node:
+        yield node
+
+
+@pytest.mark.slow
+def test_replication_falls_with_trust_and_deadlines_reissue_held_tasks(impatient_grid):
+    node = impatient_grid
+    honest = node.volunteer_names()
+    # Replica-method blocks: all replicated while trust is low, fewer and fewer as it grows.
+    replicated = []
+    for seed in range(5):
+        before = node.report()["by_method"]
+        x = ga.random.standard_normal((8 * BLOCK, 8 * BLOCK), chunks=BLOCK, seed=100 + seed)
+        np.testing.assert_array_equal(x.compute(), x.compute(scheduler="sync"))
+        after = node.report()["by_method"]
+        replicated.append((after.get("replica", 0) - before.get("replica", 0)) // 2)
+    assert replicated[0] >= 16 and replicated[-1] < replicated[0] / 2, replicated
+    assert after.get("trusted", 0) > 0 and node.report()["rejected"] == 0
+    # A volunteer that holds its tasks and never returns them: they are reissued elsewhere.
+    staller = _cheater(node, "stall")
+    _run_product(node, *_data(70, nonfinite=False, n=4 * BLOCK))
+    report = node.report()
+    assert report["reissued"] >= 1 and report["volunteers"][staller]["late"] >= 1, report
+    assert not report["volunteers"][staller]["banned"]  # late is not wrong
+    _assert_honest_untouched(node, honest)
