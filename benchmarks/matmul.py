@@ -263,6 +263,47 @@ def _cpu_model() -> str:
 
 # -- the benchmark ----------------------------------------------------------------------------
 
+def timed_products(label: str, run, ref, client, pids: dict, repeats: int, loads: list, what: str,
+                   breakdown) -> dict:
+    """Best of ``repeats`` runs of ``run()`` (a product returned to the client), each checked against ``ref``,
+    with the task-stream ``breakdown`` and the CPU seconds of ``pids``; keys prefixed by ``label``."""
+    from distributed import get_task_stream
+
+    times, errs, breakdowns, cpus = [], [], [], []
+    for _ in range(repeats):
+        quiet_machine(f"{label} compute {what}", loads)
+        with CpuMeter(pids) as cm, get_task_stream(client=client) as ts:
+            t, t_wall = time.perf_counter(), time.time()
+            c = run()
+            dur, t_wall_end = time.perf_counter() - t, time.time()
+        times.append(dur)
+        errs.append(max_rel_error(c, ref))
+        del c
+        breakdowns.append(breakdown(ts.data, t_wall, t_wall_end))
+        cpus.append({k: round(v, 2) for k, v in cm.used.items()})
+        print(f"  {label} compute: {dur:.2f} s, err {errs[-1]:.2e}, {breakdowns[-1]}, cpu {cpus[-1]}", flush=True)
+    best = int(np.argmin(times))
+    return {label: times[best], f"{label}_all": times, f"{label}_err": max(errs),
+            f"{label}_breakdown": breakdowns[best], f"{label}_cpu": cpus[best]}
+
+
+def timed_persist(label: str, persist, repeats: int, loads: list, what: str) -> float | None:
+    """Best of ``repeats``: ``persist()`` and wait until the product is in memory (not returned to the client)."""
+    from distributed import wait
+
+    times = []
+    for _ in range(repeats):
+        quiet_machine(f"{label} persist {what}", loads)
+        t = time.perf_counter()
+        z = persist()
+        wait(z)
+        times.append(time.perf_counter() - t)
+        del z
+        time.sleep(0.5)
+    print(f"  {label} persist: {', '.join(f'{v:.2f}' for v in times)} s", flush=True)
+    return min(times) if times else None
+
+
 def _sigterm_exits() -> None:
     """SIGTERM (e.g. from ``timeout``) unwinds the with-blocks, so no grid process is left behind."""
     import signal
@@ -296,7 +337,7 @@ def main(argv=None) -> int:
     import dask.array as da
     import distributed
     import threadpoolctl
-    from distributed import Client, LocalCluster, get_task_stream, wait
+    from distributed import Client, LocalCluster, wait
 
     import goblin_dask
     import goblin_dask.array as ga
@@ -374,42 +415,17 @@ def main(argv=None) -> int:
                 row["grid_input_cpu"] = {k: round(v, 2) for k, v in cm.used.items()}
                 print(f"  grid input transfer: {row['grid_input']:.2f} s, cpu {row['grid_input_cpu']}", flush=True)
                 rep0 = node.report()
-                times, errs, breakdowns, cpus = [], [], [], []
-                for _ in range(args.repeats):
-                    quiet_machine(f"grid compute n={n} {dt}", loads)
-                    with CpuMeter(grid_pids) as cm, get_task_stream(client=gclient) as ts:
-                        t = time.perf_counter()
-                        t_wall = time.time()
-                        c = (x @ y).compute()
-                        dur = time.perf_counter() - t
-                        t_wall_end = time.time()
-                    times.append(dur)
-                    errs.append(max_rel_error(c, ref))
-                    del c
-                    breakdowns.append(grid_breakdown(ts.data, lab_addr, set(vol_addrs.values()), t_wall, t_wall_end))
-                    cpus.append({k: round(v, 2) for k, v in cm.used.items()})
-                    print(f"  grid compute: {dur:.2f} s, err {errs[-1]:.2e}, {breakdowns[-1]}, cpu {cpus[-1]}",
-                          flush=True)
-                best = int(np.argmin(times))
-                row.update(grid=times[best], grid_all=times, grid_err=max(errs), grid_breakdown=breakdowns[best],
-                           grid_cpu=cpus[best])
+                row.update(timed_products(
+                    "grid", lambda: (x @ y).compute(), ref, gclient, grid_pids, args.repeats, loads, f"n={n} {dt}",
+                    lambda stream, t0, t1: grid_breakdown(stream, lab_addr, set(vol_addrs.values()), t0, t1)))
                 rep1 = node.report()
                 row["grid_report"] = {"tasks": rep1["tasks"] - rep0["tasks"],
                                       "accepted": rep1["accepted"] - rep0["accepted"],
                                       "rejected": rep1["rejected"] - rep0["rejected"],
                                       "by_method": rep1["by_method"], "overhead_cumulative": rep1["overhead"]}
                 print(f"  grid report: {row['grid_report']}", flush=True)
-                ptimes = []
-                for _ in range(args.persist_repeats):
-                    quiet_machine(f"grid persist n={n} {dt}", loads)
-                    t = time.perf_counter()
-                    z = (x @ y).persist()
-                    wait(z)
-                    ptimes.append(time.perf_counter() - t)
-                    del z
-                    time.sleep(0.5)
-                row["grid_persist"] = min(ptimes) if ptimes else None
-                print(f"  grid persist: {', '.join(f'{v:.2f}' for v in ptimes)} s", flush=True)
+                row["grid_persist"] = timed_persist("grid", lambda: (x @ y).persist(), args.persist_repeats, loads,
+                                                    f"n={n} {dt}")
                 del x, y
                 time.sleep(1.0)
 
@@ -429,36 +445,11 @@ def main(argv=None) -> int:
                 wait([xd, yd])
                 row["dask_input"] = time.perf_counter() - t
                 print(f"  dask input transfer: {row['dask_input']:.2f} s", flush=True)
-                times, errs, breakdowns, cpus = [], [], [], []
-                for _ in range(args.repeats):
-                    quiet_machine(f"dask compute n={n} {dt}", loads)
-                    with CpuMeter(dask_pids) as cm, get_task_stream(client=dclient) as ts:
-                        t = time.perf_counter()
-                        t_wall = time.time()
-                        c = dclient.compute(xd @ yd).result()
-                        dur = time.perf_counter() - t
-                        t_wall_end = time.time()
-                    times.append(dur)
-                    errs.append(max_rel_error(c, ref))
-                    del c
-                    breakdowns.append(dask_breakdown(ts.data, t_wall, t_wall_end))
-                    cpus.append({k: round(v, 2) for k, v in cm.used.items()})
-                    print(f"  dask compute: {dur:.2f} s, err {errs[-1]:.2e}, {breakdowns[-1]}, cpu {cpus[-1]}",
-                          flush=True)
-                best = int(np.argmin(times))
-                row.update(dask=times[best], dask_all=times, dask_err=max(errs), dask_breakdown=breakdowns[best],
-                           dask_cpu=cpus[best])
-                ptimes = []
-                for _ in range(args.persist_repeats):
-                    quiet_machine(f"dask persist n={n} {dt}", loads)
-                    t = time.perf_counter()
-                    z = dclient.persist(xd @ yd)
-                    wait(z)
-                    ptimes.append(time.perf_counter() - t)
-                    del z
-                    time.sleep(0.5)
-                row["dask_persist"] = min(ptimes) if ptimes else None
-                print(f"  dask persist: {', '.join(f'{v:.2f}' for v in ptimes)} s", flush=True)
+                row.update(timed_products(
+                    "dask", lambda: dclient.compute(xd @ yd).result(), ref, dclient, dask_pids, args.repeats, loads,
+                    f"n={n} {dt}", dask_breakdown))
+                row["dask_persist"] = timed_persist("dask", lambda: dclient.persist(xd @ yd), args.persist_repeats,
+                                                    loads, f"n={n} {dt}")
                 del xd, yd, ref, a, b
                 time.sleep(1.0)
                 row["grid_vs_numpy"] = row["numpy"] / row["grid"]

@@ -95,6 +95,12 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     # It holds the only accepted copy of every result and runs every check: pausing it when
     # memory is high would stall the grid for good (volunteers cannot take its data).
     dask.config.set({"distributed.worker.memory.pause": False})
+    # One BLAS thread per task thread, as dask's nanny sets for its workers: checks run side by
+    # side, and their CPU time is the calling thread's (the ledger's check_cpu).
+    import numpy  # noqa: F401  (loads its BLAS, so that the limit reaches it)
+    import threadpoolctl
+
+    threadpoolctl.threadpool_limits(limits=1)
     worker = _lab_worker_class()(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     security=cred.security(),

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import click
+import dask
 
 logger = logging.getLogger("goblin_dask.volunteer")
 
@@ -155,6 +156,9 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
 
     VolunteerWorker = _volunteer_worker_class()
     no_spilling()  # the lab's numbers never reach the volunteer's disk
+    # No sampling profiler on a lent machine: every task is a catalog kernel (nothing to learn
+    # from its stacks) and sampling busy threads every 10 ms costs the lender's CPU.
+    dask.config.set({"distributed.worker.profile.enabled": False})
 
     from goblin_dask.tls import Credential
 

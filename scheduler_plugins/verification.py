@@ -112,6 +112,7 @@ class VerificationLedger(SchedulerPlugin):
         self.replicas: dict[Any, frozenset[str]] = {}
         self.compute_seconds = 0.0
         self.check_seconds = 0.0
+        self.check_cpu_seconds = 0.0
         self.replica_seconds = 0.0
         self.tasks = 0
         self.reissued = 0
@@ -183,12 +184,14 @@ class VerificationLedger(SchedulerPlugin):
         return self.computed_by.get(key) or self._forgotten.get(key)
 
     # -- verdicts and policy (from the lab worker only) ----------------------------
-    def on_verdicts(self, worker: str, verdicts: list, seconds: float = 0.0, **kwargs) -> None:
+    def on_verdicts(self, worker: str, verdicts: list, seconds: float = 0.0, cpu_seconds: float = 0.0,
+                    **kwargs) -> None:
         """The verdicts of one check task, read from its metadata when the scheduler accepted its result."""
         if worker not in self.admission.lab_workers():
             logger.warning("ignored verdicts from %s, which is not a lab worker", worker)
             return
         self.check_seconds += float(seconds)
+        self.check_cpu_seconds += float(cpu_seconds)
         for key, method, accepted, *source in verdicts:
             name = self.addresses.get(source[0]) if source and source[0] else None
             self.on_verdict(as_key(key), str(method), bool(accepted), name=name)
@@ -274,5 +277,6 @@ class VerificationLedger(SchedulerPlugin):
             "volunteers": {n: vars(v).copy() for n, v in sorted(self.volunteers.items())},
             "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,
             "reissued": self.reissued,
-            "seconds": {"compute": self.compute_seconds, "check": self.check_seconds, "replicas": self.replica_seconds},
+            "seconds": {"compute": self.compute_seconds, "check": self.check_seconds,
+                        "check_cpu": self.check_cpu_seconds, "replicas": self.replica_seconds},
         }

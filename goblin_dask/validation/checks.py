@@ -86,7 +86,7 @@ def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict, 
     """Lab worker: verify a volunteer's result; return it, or the lab's recomputation."""
     check = _Check(raw_key, op, operands, params, refs)
     out = check.run(result, method or op.verify)
-    publish_verdicts(check.verdicts, check.seconds)
+    publish_verdicts(check.verdicts, check.seconds, check.cpu_seconds)
     return out
 
 
@@ -96,6 +96,7 @@ class _Check:
     def __init__(self, raw_key: Any, op: OpSpec, operands: tuple, params: dict, refs: tuple):
         self.raw_key, self.op, self.operands, self.params, self.refs = raw_key, op, operands, params, refs
         self.seconds = 0.0  # lab time spent verifying (waiting for a replica excluded)
+        self.cpu_seconds = 0.0  # of this thread (the lab worker's BLAS runs in the calling thread)
         self.verdicts: list[tuple[Any, str, bool, str | None]] = []
         #: the volunteer whose bytes are checked (the lab worker noted the peer it fetched them from)
         self.source = getattr(_worker(), "goblin_fetched_from", {}).get(raw_key)
@@ -114,11 +115,12 @@ class _Check:
         return self.recompute(result, "recompute", exact=method == "exact")
 
     def _timed(self, fn, *args):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args)
         finally:
             self.seconds += time.perf_counter() - start
+            self.cpu_seconds += time.thread_time() - cpu
 
     def lab_result(self) -> Any:
         return self._timed(lambda: self.op.numpy(*self.operands, **self.params))
@@ -251,7 +253,7 @@ def ask_policy(raw_key: Any) -> dict | None:
     return sync(worker.loop, getattr(worker.scheduler, POLICY_HANDLER), key=raw_key)
 
 
-def publish_verdicts(verdicts: list, seconds: float) -> None:
+def publish_verdicts(verdicts: list, seconds: float, cpu_seconds: float = 0.0) -> None:
     """Attach the verdicts to this check task's metadata: the lab node's ledger reads them
     when the task finishes, so a verdict counts only if the scheduler accepts this run of
     the check (not one it cancelled because its input was lost and recomputed elsewhere)."""
@@ -260,4 +262,5 @@ def publish_verdicts(verdicts: list, seconds: float) -> None:
         return
     ts = worker.state.tasks.get(worker.get_current_task())
     if ts is not None:
-        ts.metadata[VERDICTS] = {"seconds": float(seconds), "verdicts": [list(v) for v in verdicts]}
+        ts.metadata[VERDICTS] = {"seconds": float(seconds), "cpu_seconds": float(cpu_seconds),
+                                 "verdicts": [list(v) for v in verdicts]}
