@@ -241,7 +241,8 @@ def markdown(command: str, info: dict, results: list[dict]) -> str:
     lines += ["", "Where the grid's time went (best run; seconds summed over processes, from the task stream and "
               "/proc CPU times):", "",
               "| n | dtype | volunteer compute | volunteer fetch of blocks | lab fetch of results | Freivalds checks "
-              "| gather to client | span of tasks | CPU s: volunteers / lab / scheduler / client | verdicts |",
+              "| gather to client | span of tasks | CPU s: volunteers / lab / scheduler / client "
+              "| volunteer results accepted / rejected (all repeats) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b, c = r["grid_breakdown"], r["grid_cpu"]
@@ -249,7 +250,7 @@ def markdown(command: str, info: dict, results: list[dict]) -> str:
         lines.append(f"| {r['n']} | {r['dtype']} | {b.get('vol_compute', 0):.1f} | {b.get('vol_transfer_in', 0):.1f} "
                      f"| {b.get('lab_transfer_in', 0):.1f} | {b.get('lab_check', 0):.1f} | {b.get('tail', 0):.1f} "
                      f"| {b.get('span', 0):.1f} | {vols:.1f} / {c.get('lab-worker', 0):.1f} / {c.get('scheduler', 0):.1f}"
-                     f" / {c.get('client', 0):.1f} | {r['grid_report']['by_method']} |")
+                     f" / {c.get('client', 0):.1f} | {r['grid_report']['accepted']} / {r['grid_report']['rejected']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -152,3 +152,16 @@ def test_replication_falls_with_trust_and_deadlines_reissue_held_tasks(impatient
     assert report["reissued"] >= 1 and report["volunteers"][staller]["late"] >= 1, report
     assert not report["volunteers"][staller]["banned"]  # late is not wrong
     _assert_honest_untouched(node, honest)
+
+
+def test_the_lab_worker_knows_which_volunteer_sent_each_result_it_checks(grid):
+    """Verdicts blame the peer whose bytes were checked: the lab worker notes it when it fetches them."""
+    from goblin_dask.validation.checks import unverified_key
+
+    a, b = _data(90, nonfinite=False, n=2 * BLOCK)
+    dsk, keys, _ = blocked_product_graph(a, b, BLOCK)
+    grid.client.get(dsk, keys)
+    lab = grid.lab_worker_address()
+    sources = grid.client.run(lambda dask_worker: dict(dask_worker.goblin_fetched_from), workers=[lab])[lab]
+    volunteers = set(grid.volunteer_addresses().values())
+    assert all(sources.get(unverified_key(key)) in volunteers for key in keys), (sources, volunteers)

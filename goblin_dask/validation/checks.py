@@ -207,6 +207,8 @@ def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) 
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
+    if _same_bits(got, want):  # the usual case: the same kernel on the same inputs; one pass, no temporaries
+        return True
     if want.dtype.kind not in "fc" or exact:
         return bool(np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"))
     if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))):
@@ -227,6 +229,12 @@ def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) 
             scale = max(scale, float(np.sqrt(m)) * float(finite.max(initial=0.0)))
     with np.errstate(all="ignore"):
         return bool(np.allclose(got[fin], want[fin], rtol=64 * eps, atol=64 * eps * scale))
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    if not (got.flags.c_contiguous and want.flags.c_contiguous) or got.dtype.hasobject:
+        return False
+    return bool(np.array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)))
 
 
 def as_key(key: Any) -> Any:
