@@ -104,15 +104,15 @@ def prepare_process(gpu: bool | None) -> str:
 
     from goblin_dask import safe_pickle
 
+    # numba's cache holds only kernels compiled from this package; private and kept across runs
+    # (set before numba is imported: it reads NUMBA_CACHE_DIR then)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "goblin-dask" / "numba"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache))
     import numba
 
     numba.set_num_threads(1)
     threadpoolctl.threadpool_limits(limits=1)  # BLAS and OpenMP; stays for the process (not a context)
-
-    # numba's cache holds only kernels compiled from this package; private and kept across runs
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "goblin-dask" / "numba"
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache))
     safe_pickle.install()
     from goblin_dask import ops
 
