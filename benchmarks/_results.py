@@ -1,8 +1,10 @@
-"""benchmarks/RESULTS.md: each benchmark owns one ``## `` section and rewrites only that one."""
+"""Shared by the benchmarks: best-of timing, and benchmarks/RESULTS.md, where each benchmark owns one
+``## `` section and rewrites only that one."""
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -15,3 +17,13 @@ def write_section(section: str, text: str) -> None:
     new = pattern.sub(lambda _: text.rstrip("\n") + "\n\n", old) if pattern.search(old) else (
         old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
     RESULTS.write_text(new)
+
+
+def best(fn, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn()``."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)

@@ -33,18 +33,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import RESULTS, write_section  # noqa: E402
+from _results import RESULTS, best, write_section  # noqa: E402
 
 SECTION = "## Verification (issue 4)"
-
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def blas() -> str:

@@ -9,7 +9,8 @@ partials are combined pairwise.  ``sum prod max min any all`` combine with thems
 mean.  Counts are static (block shapes are known), so they travel as params.
 
 NumPy's reductions are already vectorized (SIMD, pairwise summation), so these ops use
-NumPy's kernels on every backend.
+NumPy's kernels, except ``moments``: NumPy needs four passes and two full-size temporaries
+for it, a numba kernel one pass (:mod:`._moments_kernel`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from goblin_dask.ops import _moments_kernel
 from goblin_dask.ops._factories import check_dtype, normalize_axes
+from goblin_dask.ops.kernels import register_warm_up
 from goblin_dask.ops.registry import register
 from goblin_dask.ops.spec import Aval, Cost, OpSpec
 
@@ -240,9 +243,17 @@ def _moments_combine(p1, p2, *, n1: int = 0, n2: int = 0):
     return np.stack([p1[0] + p2[0], p1[1] + p2[1] + sq * (n1 * n2 / (n1 + n2))]).astype(p1.dtype)
 
 
+def _moments_numba(x, *, axis=None):
+    axes = reduce_axes("moments", Aval.of(np.asarray(x)), axis)
+    return _moments_kernel.moments_numba(x, axis=axis, numpy_kernel=_moments_numpy, axes=axes)
+
+
+register_warm_up(_moments_kernel.compile_all)
+
+
 register(OpSpec(
     name="moments", doc="Per-block (sum, sum of squared deviations) over axes, stacked on a new leading axis of 2.",
-    shape_rule=_moments_shape, dtype_rule=moments_dtype, numpy=_moments_numpy,
+    shape_rule=_moments_shape, dtype_rule=moments_dtype, numpy=_moments_numpy, numba=_moments_numba,
     cost=lambda x, **p: Cost(4.0 * x.size, float(x.nbytes)), verify="replica", arity=1, params=("axis",),
 ))
 register(OpSpec(
