@@ -5,7 +5,7 @@ memory each time), then their sum.  This kernel reads each block of ``CHUNK`` va
 while it is in cache: the block's own two-pass (sum, M2), merged into the running totals by
 Chan et al.'s update (the one ``moments_combine`` applies between blocks), accumulated in
 float64 whatever the input precision.  Partial sums run in ``LANES`` fixed lanes, so the
-result is the same on every machine; the lab recomputes with this same kernel when it
+summation order does not depend on the machine; the lab recomputes with this same kernel when it
 samples a volunteer's result (:meth:`goblin_dask.validation.checks._Check.lab_result`).
 tests/test_ops_reductions.py checks it against float64 references; benchmarks/moments.py
 times it against NumPy's kernel.
@@ -44,7 +44,7 @@ def _kernels() -> tuple[Callable, Callable]:
             for start in range(0, inner, CHUNK):
                 stop = min(start + CHUNK, inner)
                 k = stop - start
-                # LANES independent partial sums (fixed order, so every machine gets the same bits),
+                # LANES independent partial sums (a fixed order, whatever the machine),
                 # which the compiler may keep in one SIMD register
                 body = start + (k // LANES) * LANES
                 acc[:] = 0.0
