@@ -69,7 +69,46 @@ def _volunteer_worker_class():
     from goblin_dask.ops import task_violation
 
     class VolunteerWorker(Worker):
-        """A distributed Worker that refuses everything but catalog operations."""
+        """A distributed Worker that refuses everything but catalog operations.
+
+        It also speaks to the lab only as the lab accepts (README, "What the lab accepts
+        from a volunteer"): it never announces the inputs it fetched (``add-keys``: a
+        volunteer is no source of lab data; it frees them itself once its tasks used
+        them), and its errors travel as text, never as pickled exceptions.
+        """
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.goblin_fetched: set = set()
+
+        def batched_send(self, msg):
+            op = msg.get("op")
+            if op == "add-keys":
+                self.goblin_fetched.update(msg.get("keys") or ())
+                return
+            if op == "release-worker-data" and msg.get("key") in self.goblin_fetched:
+                self.goblin_fetched.discard(msg["key"])  # the scheduler never knew this volunteer held it
+                return
+            if op == "task-erred":
+                msg = {**msg, "exception": None, "traceback": None}
+            super().batched_send(msg)
+            if op in ("task-finished", "task-erred", "reschedule") and self.goblin_fetched:
+                self.loop.add_callback(self.free_used_inputs)
+
+        def free_used_inputs(self):
+            """Free fetched inputs that no task of this volunteer still needs."""
+            from distributed.worker_state_machine import FreeKeysEvent
+
+            busy = ("waiting", "ready", "constrained", "executing", "long-running", "resumed", "cancelled")
+            done = []
+            for key in list(self.goblin_fetched):
+                ts = self.state.tasks.get(key)
+                if ts is None:
+                    self.goblin_fetched.discard(key)
+                elif ts.state == "memory" and not any(d.state in busy for d in ts.dependents):
+                    done.append(key)
+            if done:  # their release-worker-data messages are dropped above
+                self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
 
         async def plugin_add(self, plugin=None, name=None, catch_errors=True):
             logger.warning("refused worker plugin %r: volunteers install no plugins", name)

@@ -14,7 +14,10 @@ import dask
 from goblin_dask.credentials import LabKeys
 from scheduler_plugins.admission import AdmissionPlugin
 from scheduler_plugins.catalog_only import CatalogOnlyPlugin
+from scheduler_plugins.dashboard_guard import install_dashboard_guard
 from scheduler_plugins.http import install_routes
+from scheduler_plugins.exposure import ExposurePlugin
+from scheduler_plugins.faults import FaultPlugin
 from scheduler_plugins.minimization import MinimizationPlugin
 from scheduler_plugins.signin import install_signin
 from scheduler_plugins.verification import VerificationLedger
@@ -29,13 +32,15 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     catalog_only = CatalogOnlyPlugin(scheduler, admission)
     minimization = MinimizationPlugin(scheduler)  # after placement: it judges what volunteers get
     ledger = VerificationLedger(scheduler, admission, max_rejections=int(dask.config.get("goblin.max-rejections", 2)))
-    for plugin in (admission, catalog_only, minimization, ledger):
+    exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
+    faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
+    for plugin in (admission, catalog_only, minimization, ledger, exposure, faults):
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
     if "dashboard" in scheduler.services:  # researcher sign-in pages, on the dashboard port only
-        install_signin(scheduler, state_dir)
+        install_dashboard_guard(scheduler, install_signin(scheduler, state_dir))  # the guard: after every route
     admission.authorize_handlers()  # last: it wraps the handlers the others installed
-    return {p.name: p for p in (admission, catalog_only, minimization, ledger)}
+    return {p.name: p for p in (admission, catalog_only, minimization, ledger, exposure, faults)}
 
 
 def dask_setup(scheduler) -> None:

@@ -9,8 +9,13 @@ from __future__ import annotations
 import os
 
 
-def install_signin(scheduler, state_dir: str | os.PathLike) -> None:
-    """Serve ``/goblin/signin``, ``/goblin/access`` and ``/goblin/admin`` for the lab node of ``state_dir``."""
+def install_signin(scheduler, state_dir: str | os.PathLike):
+    """Serve ``/goblin/signin``, ``/goblin/access`` and ``/goblin/admin`` for the lab node of ``state_dir``.
+
+    Returns the pages' tornado application (the dashboard guard checks admin sessions with it).
+    """
     from goblin_dask.access.web import make_app
 
-    scheduler.http_application.add_application(make_app(state_dir))
+    app = make_app(state_dir)
+    scheduler.http_application.add_application(app)
+    return app

@@ -61,6 +61,10 @@ class VolunteerRecord:
     trust: int = 0
     #: times its tasks were reissued elsewhere for missing their deadline
     late: int = 0
+    #: its tasks that failed (an error, or it died while processing them; scheduler_plugins.faults)
+    failed: int = 0
+    #: times it was given no work for a while after failures in a row
+    cooldowns: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,6 +281,15 @@ class VerificationLedger(SchedulerPlugin):
             "volunteers": {n: vars(v).copy() for n, v in sorted(self.volunteers.items())},
             "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,
             "reissued": self.reissued,
+            "failed": sum(v.failed for v in self.volunteers.values()),
+            # each failure, crash and cooldown, with the volunteer's name and why (scheduler_plugins.faults)
+            "faults": faults.report() if (faults := self.scheduler.plugins.get("goblin-faults")) else {},
+            # each refused worker and each ban, with the reason
+            "refusals": [{"kind": "refused", **r} for r in getattr(self.admission, "refusals", ())]
+            + [{"kind": "banned", "volunteer": n, "reason": f"{v.rejected} rejected results"}
+               for n, v in sorted(self.volunteers.items()) if v.banned],
+            # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)
+            "exposure": exposure.report() if (exposure := self.scheduler.plugins.get("goblin-exposure")) else {},
             "seconds": {"compute": self.compute_seconds, "check": self.check_seconds,
                         "check_cpu": self.check_cpu_seconds, "replicas": self.replica_seconds},
         }

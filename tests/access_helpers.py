@@ -1,4 +1,5 @@
-"""Real servers for the researcher-access tests: an SMTP server (aiosmtpd) and a TLS certificate for 127.0.0.1."""
+"""Real servers for the researcher-access tests: an SMTP server (aiosmtpd), a TLS certificate for 127.0.0.1,
+and an HTTPS client for the lab node's dashboard port."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import datetime
 import email
 import email.message
 import hashlib
+import http.client
 import ipaddress
 import re
 import socket
 import ssl
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -114,3 +117,69 @@ def running_mailbox(starttls: LocalhostTLS | None = None) -> Iterator[Mailbox]:
         yield box
     finally:
         controller.stop()
+
+
+# -- HTTP -------------------------------------------------------------------------------
+
+
+@dataclass
+class Response:
+    status: int
+    headers: http.client.HTTPMessage
+    body: str
+
+    def cookie(self, name: str) -> str | None:
+        """The whole Set-Cookie line for ``name``."""
+        return next((c for c in self.headers.get_all("Set-Cookie") or () if c.startswith(name + "=")), None)
+
+
+class WebClient:
+    """A cookie-keeping HTTPS client for ``site`` (``.base``, ``.tls``) that does not follow redirects.
+
+    ``source_ip``: the loopback address it connects from (127.0.0.0/8 all reach 127.0.0.1 on Linux), so
+    that a test can play several requesters.
+    """
+
+    def __init__(self, site, source_ip: str | None = None):
+        url = urllib.parse.urlsplit(site.base)
+        assert url.scheme == "https"
+        self.host, self.port, self.context = url.hostname, url.port, site.tls.client_context()
+        self.source = (source_ip, 0) if source_ip else None
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, fields: dict | None = None, xsrf: bool = True,
+                headers: dict | None = None) -> Response:
+        headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items()), **(headers or {})}
+        body = None
+        if fields is not None:
+            body = urllib.parse.urlencode({**({"_xsrf": self.cookies.get("_xsrf", "")} if xsrf else {}), **fields})
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=60, context=self.context,
+                                           source_address=self.source)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            result = Response(resp.status, resp.headers, resp.read().decode(errors="replace"))
+        finally:
+            conn.close()
+        for line in result.headers.get_all("Set-Cookie") or ():
+            name, _, value = line.split(";")[0].partition("=")
+            if value.strip('"'):
+                self.cookies[name] = value
+            else:
+                self.cookies.pop(name, None)
+        return result
+
+    def get(self, path: str) -> Response:
+        return self.request("GET", path)
+
+    def post(self, path: str, **fields) -> Response:
+        return self.request("POST", path, fields)
+
+
+def sign_in(client: WebClient, mailbox: Mailbox, address: str) -> Response:
+    """Ask for a code for ``address`` and enter the one e-mailed; the code page's answer (303 when signed in)."""
+    client.get("/goblin/signin")
+    sent = len(mailbox.to(address))
+    assert client.post("/goblin/signin", email=address).status == 200
+    return client.post("/goblin/signin/code", email=address, code=mailbox.next_code(address, sent))

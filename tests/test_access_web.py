@@ -11,14 +11,12 @@ same pages a researcher and an admin use.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import sys
-import urllib.parse
 from dataclasses import dataclass
 
 import dask
@@ -27,7 +25,8 @@ import pytest
 
 from goblin_dask import LabNode, connect
 from goblin_dask.access.registry import ResearcherRegistry
-from tests.access_helpers import LocalhostTLS, Mailbox, localhost_tls, running_mailbox
+from tests.access_helpers import (LocalhostTLS, Mailbox, WebClient, localhost_tls, running_mailbox,
+                                  sign_in)
 from tests.conftest import wait_for
 
 ADMIN = "admin@lab.example"
@@ -76,61 +75,6 @@ def site(mailbox, tmp_path_factory):
 # -- HTTP -------------------------------------------------------------------------------
 
 
-@dataclass
-class Response:
-    status: int
-    headers: http.client.HTTPMessage
-    body: str
-
-    def cookie(self, name: str) -> str | None:
-        """The whole Set-Cookie line for ``name``."""
-        return next((c for c in self.headers.get_all("Set-Cookie") or () if c.startswith(name + "=")), None)
-
-
-class WebClient:
-    """A cookie-keeping HTTP client that does not follow redirects (so their headers can be checked)."""
-
-    def __init__(self, site: Site):
-        url = urllib.parse.urlsplit(site.base)
-        assert url.scheme == "https"
-        self.host, self.port, self.context = url.hostname, url.port, site.tls.client_context()
-        self.cookies: dict[str, str] = {}
-
-    def request(self, method: str, path: str, fields: dict | None = None, xsrf: bool = True) -> Response:
-        headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
-        body = None
-        if fields is not None:
-            body = urllib.parse.urlencode({**({"_xsrf": self.cookies.get("_xsrf", "")} if xsrf else {}), **fields})
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        conn = http.client.HTTPSConnection(self.host, self.port, timeout=60, context=self.context)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            result = Response(resp.status, resp.headers, resp.read().decode())
-        finally:
-            conn.close()
-        for line in result.headers.get_all("Set-Cookie") or ():
-            name, _, value = line.split(";")[0].partition("=")
-            if value.strip('"'):
-                self.cookies[name] = value
-            else:
-                self.cookies.pop(name, None)
-        return result
-
-    def get(self, path: str) -> Response:
-        return self.request("GET", path)
-
-    def post(self, path: str, **fields) -> Response:
-        return self.request("POST", path, fields)
-
-
-def _sign_in(client: WebClient, mailbox: Mailbox, address: str) -> Response:
-    client.get("/goblin/signin")
-    sent = len(mailbox.to(address))
-    assert client.post("/goblin/signin", email=address).status == 200
-    return client.post("/goblin/signin/code", email=address, code=mailbox.next_code(address, sent))
-
-
 def test_the_lab_nodes_dashboard_serves_the_sign_in_page_over_https(site):
     assert site.node.dashboard_link.startswith("https://127.0.0.1:") and site.node.dashboard_link.endswith("/status")
     client = WebClient(site)
@@ -146,7 +90,7 @@ def test_the_lab_nodes_dashboard_serves_the_sign_in_page_over_https(site):
 def test_an_e_mailed_code_opens_a_session_with_a_strict_cookie(site, mailbox):
     client = WebClient(site)
 
-    signed_in = _sign_in(client, mailbox, "ada@uni.example")
+    signed_in = sign_in(client, mailbox, "ada@uni.example")
     message = mailbox.to("ada@uni.example")[-1]
     assert message["From"] == "goblin lab <signin@lab.example>"
     assert signed_in.status == 303 and signed_in.headers["Location"] == "/goblin/access"
@@ -205,7 +149,7 @@ def test_an_undeliverable_code_gets_a_502_page(site, mailbox):
 
 def test_a_request_approved_with_the_goblin_command_connects(site, mailbox):
     client = WebClient(site)
-    assert _sign_in(client, mailbox, "lovelace@uni.example").status == 303
+    assert sign_in(client, mailbox, "lovelace@uni.example").status == 303
     assert client.post("/goblin/access", name="Ada Lovelace", affiliation="Analytical Engines",
                        purpose="Bernoulli numbers").status == 303
     assert "Your access request is pending" in client.get("/goblin/access").body
@@ -235,7 +179,7 @@ def test_pages_need_a_session_and_the_admin_page_an_admin(site, mailbox):
         assert response.status == 302 and response.headers["Location"].startswith("/goblin/signin")
     assert client.post("/goblin/access", name="x", affiliation="y", purpose="z").status == 403
 
-    _sign_in(client, mailbox, "mallory@uni.example")
+    sign_in(client, mailbox, "mallory@uni.example")
     assert client.post("/goblin/access", name="Mallory", affiliation="Uni", purpose="p").status == 303
     assert client.get("/goblin/admin").status == 403
     assert client.post("/goblin/admin", email="mallory@uni.example", decision="approve").status == 403

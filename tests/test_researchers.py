@@ -105,12 +105,12 @@ def test_five_wrong_tries_burn_the_code(signin):
     wrong = f"{(int(code) + 1) % 10**6:06d}"
     for left in (4, 3, 2, 1):
         with pytest.raises(CodeRefused, match=f"{left} tr") as refused:
-            signin.redeem_code("ada@uni.example", wrong)
+            signin.redeem_code("ada@uni.example", wrong, "10.0.0.1")
         assert not refused.value.need_new_code
     with pytest.raises(CodeRefused, match="last try"):
-        signin.redeem_code("ada@uni.example", wrong)
+        signin.redeem_code("ada@uni.example", wrong, "10.0.0.1")
     with pytest.raises(CodeRefused, match="no sign-in code"):
-        signin.redeem_code("ada@uni.example", code)
+        signin.redeem_code("ada@uni.example", code, "10.0.0.1")
 
 
 def test_a_code_is_only_good_for_its_own_address(signin):
@@ -120,24 +120,59 @@ def test_a_code_is_only_good_for_its_own_address(signin):
         signin.redeem_code("eve@evil.example", code)
 
 
-def test_a_new_code_replaces_the_previous_one(signin):
+def test_a_new_code_request_keeps_the_pending_code(signin):
     first = signin.issue_code("ada@uni.example", "10.0.0.1")
     second = signin.issue_code("ada@uni.example", "10.0.0.1")
-    if first != second:
+    assert signin.session_email(signin.redeem_code("ada@uni.example", first)) == "ada@uni.example"
+    with pytest.raises(CodeRefused, match="already used"):  # a sign-in ends every code of the address
+        signin.redeem_code("ada@uni.example", second)
+
+
+def test_a_stranger_cannot_burn_or_block_an_addresss_sign_in(signin, clock):
+    """The attack of issue 14: a stranger asks for codes for the admin's address, and guesses."""
+    mine = signin.issue_code("admin@lab.example", "10.0.0.1")
+    for _ in range(3):
+        signin.issue_code("admin@lab.example", "203.0.113.9")  # the stranger's requests
+    with pytest.raises(RateLimited, match="from your network address"):
+        signin.issue_code("admin@lab.example", "203.0.113.9")
+    for _ in range(5):
         with pytest.raises(CodeRefused, match="wrong code"):
-            signin.redeem_code("ada@uni.example", first)
-    assert signin.session_email(signin.redeem_code("ada@uni.example", second)) == "ada@uni.example"
+            signin.redeem_code("admin@lab.example", "000000" if mine != "000000" else "000001", "203.0.113.9")
+    with pytest.raises(CodeRefused, match="too many wrong codes"):
+        signin.redeem_code("admin@lab.example", "000002", "203.0.113.9")
+    again = signin.issue_code("admin@lab.example", "10.0.0.1")  # the admin may still ask
+    assert signin.session_email(signin.redeem_code("admin@lab.example", mine, "10.0.0.1")) == "admin@lab.example"
+    with pytest.raises(CodeRefused, match="already used"):
+        signin.redeem_code("admin@lab.example", again, "10.0.0.1")
 
 
-def test_code_requests_are_rate_limited_per_address(signin, clock):
-    for i in range(3):
-        signin.issue_code("ada@uni.example", f"10.0.0.{i}")
+def test_code_requests_are_rate_limited_per_requester_and_per_address(signin, clock):
+    for _ in range(3):
+        signin.issue_code("ada@uni.example", "10.0.0.1")
         clock.advance(60)
-    with pytest.raises(RateLimited, match="this address") as limited:
-        signin.issue_code("ada@uni.example", "10.0.0.9")
+    with pytest.raises(RateLimited, match="this address from your network address") as limited:
+        signin.issue_code("ada@uni.example", "10.0.0.1")
+    assert limited.value.retry_after == 600 - 180
+    for i in range(7):  # others still may, up to the address's ceiling
+        signin.issue_code("ada@uni.example", f"10.0.1.{i}")
+    with pytest.raises(RateLimited, match="for this address in the last") as limited:
+        signin.issue_code("ada@uni.example", "10.0.2.1")
     assert limited.value.retry_after == 600 - 180
     clock.advance(limited.value.retry_after)
-    signin.issue_code("ada@uni.example", "10.0.0.9")
+    signin.issue_code("ada@uni.example", "10.0.0.1")
+
+
+def test_many_wrong_codes_from_everywhere_burn_every_code(registry, clock):
+    signin = SignIn(registry, SignInLimits(max_wrong_per_email=6))
+    code = signin.issue_code("ada@uni.example", "10.0.0.1")
+    wrong = f"{(int(code) + 1) % 10**6:06d}"
+    for i in range(5):
+        with pytest.raises(CodeRefused, match=r"\(4 tries left\)"):
+            signin.redeem_code("ada@uni.example", wrong, f"10.0.1.{i}")
+    with pytest.raises(CodeRefused, match="last try for this address"):
+        signin.redeem_code("ada@uni.example", wrong, "10.0.1.9")
+    with pytest.raises(CodeRefused, match="no sign-in code"):
+        signin.redeem_code("ada@uni.example", code, "10.0.0.1")
 
 
 def test_code_requests_are_rate_limited_per_client_ip(signin, clock):
@@ -168,7 +203,7 @@ def test_settings_come_from_dask_config_and_environment(monkeypatch):
                                           "ca_file": "/etc/lab-ca.pem"},
                           "goblin.admins": ["Boss@Lab.Example"]}):
         limits = SignInLimits.from_config()
-        assert (limits.code_ttl, limits.codes_per_ip, limits.codes_per_email) == (60.0, 2, 3)
+        assert (limits.code_ttl, limits.codes_per_ip, limits.codes_per_email, limits.codes_per_requester) == (60.0, 2, 10, 3)
         assert SmtpSettings.from_config() == SmtpSettings(host="mail.lab.example", port=587, sender="lab@lab.example",
                                                           starttls=True, ca_file="/etc/lab-ca.pem")
         assert admin_emails() == {"boss@lab.example"}
@@ -289,3 +324,16 @@ def test_the_researchers_command(registry):
 
     unknown = researchers(["approve", "nobody@uni.example", *state])
     assert unknown.exit_code == 1 and "no access request" in unknown.output
+
+
+def test_a_registry_of_the_one_code_per_address_schema_opens(tmp_path, clock):
+    directory = tmp_path / "state" / "researchers"
+    directory.mkdir(parents=True, mode=0o700)
+    with sqlite3.connect(directory / "registry.sqlite3") as db:
+        db.execute("CREATE TABLE codes (email TEXT PRIMARY KEY, code_hash TEXT NOT NULL, expires_at REAL NOT NULL, "
+                   "wrong_attempts INTEGER NOT NULL DEFAULT 0)")
+        db.execute("INSERT INTO codes VALUES ('ada@uni.example', 'x', 0, 0)")
+    db.close()
+    signin = SignIn(ResearcherRegistry(tmp_path / "state", clock=clock))
+    code = signin.issue_code("ada@uni.example", "10.0.0.1")
+    assert signin.session_email(signin.redeem_code("ada@uni.example", code, "10.0.0.1")) == "ada@uni.example"

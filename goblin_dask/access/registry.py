@@ -32,9 +32,12 @@ CREATE TABLE IF NOT EXISTS requests (
     status TEXT NOT NULL, credential_name TEXT UNIQUE, credential_path TEXT,
     requested_at REAL NOT NULL, decided_at REAL);
 CREATE TABLE IF NOT EXISTS codes (
-    email TEXT PRIMARY KEY, code_hash TEXT NOT NULL, expires_at REAL NOT NULL,
-    wrong_attempts INTEGER NOT NULL DEFAULT 0);
+    id INTEGER PRIMARY KEY, email TEXT NOT NULL, client_ip TEXT NOT NULL, code_hash TEXT NOT NULL,
+    expires_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS codes_email ON codes (email);
 CREATE TABLE IF NOT EXISTS code_sends (email TEXT NOT NULL, client_ip TEXT NOT NULL, sent_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS wrong_codes (
+    email TEXT NOT NULL, client_ip TEXT NOT NULL, at REAL NOT NULL, cleared INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sessions (token_hash TEXT PRIMARY KEY, email TEXT NOT NULL, expires_at REAL NOT NULL);
 """
 
@@ -97,6 +100,9 @@ class ResearcherRegistry:
         if not self.path.exists():
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         with contextlib.closing(sqlite3.connect(self.path, timeout=10)) as db:
+            old = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'codes'").fetchone()
+            if old and "client_ip" not in old[0]:  # one code per address (before 0.1.1): pending codes are dropped
+                db.execute("DROP TABLE codes")
             db.executescript(_SCHEMA)
 
     # -- storage -------------------------------------------------------------------

@@ -120,7 +120,7 @@ class CodeHandler(PageHandler):
     def post(self):
         email = self.get_body_argument("email", "")
         try:
-            token = self.signin.redeem_code(email, self.get_body_argument("code", ""))
+            token = self.signin.redeem_code(email, self.get_body_argument("code", ""), self.request.remote_ip)
         except (CodeRefused, ValueError) as e:
             need_new = getattr(e, "need_new_code", True)
             return self.page("code.html", 403 if isinstance(e, CodeRefused) else 400, email_sent=email,
@@ -197,4 +197,22 @@ def make_app(state_dir: str | os.PathLike, *, smtp: SmtpSettings | None = None, 
     return web.Application(
         routes, template_path=str(Path(__file__).with_name("templates")), login_url=f"{PREFIX}/signin",
         cookie_secret=registry.derived_secret("cookie"), xsrf_cookies=True,
+        goblin_signin=signin, goblin_admins=context["admins"],
     )
+
+
+def admin_of_request(app: web.Application, request) -> str | None:
+    """The lab admin whose session cookie ``request`` carries (for pages outside ``app``), or None.
+
+    The cookie's signature is checked first, so a forged or absent cookie costs no database look-up.
+    """
+    morsel = request.cookies.get(SESSION_COOKIE) if SESSION_COOKIE in request.headers.get("Cookie", "") else None
+    if morsel is None:
+        return None
+    signin: SignIn = app.settings["goblin_signin"]
+    token = web.decode_signed_value(app.settings["cookie_secret"], SESSION_COOKIE, morsel.value,
+                                    max_age_days=signin.limits.session_ttl / 86400)
+    if not token:
+        return None
+    email = signin.session_email(token.decode())
+    return email if email in app.settings["goblin_admins"] else None

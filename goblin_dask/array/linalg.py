@@ -12,6 +12,17 @@ Block sizes come from the volunteers' memory limits as the lab node reports them
 (default 1/4) of a volunteer thread's share, leaving room for the next task's inputs
 arriving while one computes.  Output blocks are the largest squares that still give
 every volunteer thread work.
+
+What a volunteer may learn (``goblin.minimization.max-share``, default 1/4): no task
+sends a volunteer more than that share of any lab array's elements.  The operands'
+lab arrays (:func:`goblin_dask.array.sources.lab_arrays`) bound the panels: for each
+lab array L, ``bm*bk`` (if A may hold L's elements) plus ``bk*bn`` (if B may) stays
+within ``max-share * |L|`` (the sum, since ``A.T @ A`` sends two panels of the same
+array); the inner step ``bk`` is cut first (a longer chain), output blocks only when
+the steps would get thinner than a quarter of the blocks.  The lab node checks every
+volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
+most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
+every block) are not capped.
 """
 
 from __future__ import annotations
@@ -53,8 +64,34 @@ def volunteer_capacity() -> tuple[float, int]:
     return per_thread, max(threads, 1)
 
 
-def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int) -> tuple[int, int, int]:
-    """(bm, bk, bn) for C (m x n) = A (m x k) @ B (k x n) within ``budget`` bytes per task."""
+def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int,
+                   limits: tuple = ()) -> tuple[int, int, int]:
+    """(bm, bk, bn) for C (m x n) = A (m x k) @ B (k x n) within ``budget`` bytes per task.
+
+    ``limits``: ``(in_a, in_b, elements)`` per lab array: a task's ``bm*bk`` (when A may
+    hold the array's elements) plus ``bk*bn`` (when B may) stays within ``elements``.
+    """
+    bm, bk, bn = _memory_blocks(m, k, n, itemsize, budget, workers)
+    limits = [(bool(ia), bool(ib), float(el)) for ia, ib, el in limits if ia or ib]
+    if not limits:
+        return bm, bk, bn
+
+    def capped(bm, bn):
+        return min(int(el // (ia * bm + ib * bn)) for ia, ib, el in limits)
+
+    while True:
+        cap = capped(bm, bn)
+        if cap >= bk:
+            return bm, bk, bn
+        if cap >= max(1, min(bm, bn, k) // 4) or max(bm, bn) <= 1:
+            return bm, max(cap, 1), bn
+        if bm >= bn:
+            bm = max(1, bm // 2)
+        else:
+            bn = max(1, bn // 2)
+
+
+def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int) -> tuple[int, int, int]:
     def need(bm, bk, bn):
         return itemsize * (bm * bk + bk * bn + 2 * bm * bn)
 
@@ -73,6 +110,15 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
             bm = max(MIN_BLOCK, math.ceil(bm / 2))
         else:
             bn = max(MIN_BLOCK, math.ceil(bn / 2))
+
+
+def share_limits(a: Array, b: Array) -> tuple:
+    """``product_blocks``' limits for ``a @ b``: max-share of each lab array either operand may hold."""
+    from goblin_dask.array.sources import lab_arrays, share_cap
+
+    in_a, in_b = lab_arrays(a), lab_arrays(b)
+    caps = {aid: share_cap(size) for aid, size in {**in_a, **in_b}.items()}
+    return tuple((aid in in_a, aid in in_b, cap) for aid, cap in caps.items() if cap is not None)
 
 
 def _even(n: int, b: int) -> tuple[int, ...]:
@@ -104,7 +150,7 @@ def _matmul2(a: Array, b: Array) -> Array:
     dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
     budget, workers = volunteer_capacity()
     frac = float(dask.config.get("goblin.product.memory-fraction", 0.25))
-    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers)
+    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
     a = rechunk(a, (_even(m, bm), _even(k, bk)))
     b = rechunk(b, (_even(k, bk), _even(n, bn)))
     name = new_name("matmul", a.name, b.name)

@@ -7,11 +7,18 @@ reads just that block), so a product of matrices larger than the lab worker's me
 streams from disk.  A :class:`Source` can cut the same data again with other block
 sizes (``rechunk`` and the blocked product use it), instead of reassembling blocks.
 File paths and xarray names stay in these lab-side tasks and the researcher's process.
+
+Each source block is a lab-only task that names its place in the lab array:
+``lab_array=(id, shape, box)`` (an opaque id from the data's token, the whole array's
+shape, and the block's ``(start, stop)`` per axis).  Only the lab node's scheduler reads
+it (``scheduler_plugins.exposure``: the per-task cap and the account of what each
+volunteer received); the task never runs on a volunteer.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import mmap
 import os
 from typing import Any
@@ -22,7 +29,17 @@ from dask._task_spec import DataNode, Task
 from goblin_dask.ops._factories import check_dtype
 
 
-def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, index: tuple) -> np.ndarray:
+#: Layer metadata (``collection_annotations``, never sent anywhere) naming a source layer's lab array.
+LAB_ARRAY = "goblin-lab-array"
+
+
+def lab_block(data: np.ndarray, lab_array: tuple | None = None) -> np.ndarray:
+    """Lab worker: one block of an in-memory lab array (``lab_array`` is for the scheduler)."""
+    return data
+
+
+def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, index: tuple,
+               lab_array: tuple | None = None) -> np.ndarray:
     """Lab worker: one block of a file-backed array (a copy, so the mapping closes)."""
     mm = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=tuple(shape), offset=offset, order=order)
     try:
@@ -44,6 +61,8 @@ class Source:
             self.token = _tokenize("memmap", self.file, stat.st_size, stat.st_mtime_ns)
         else:
             self.token = _tokenize("ndarray", data)
+        #: opaque id of this lab array (the same data cut in other blocks keeps it)
+        self.id = "a" + self.token[:15]
 
     def blocks(self, chunks: Any):
         from goblin_dask.array.core import from_graph, normalize_chunks, offsets_of
@@ -55,12 +74,81 @@ class Source:
         for idx in itertools.product(*(range(len(c)) for c in chunks)):
             index = tuple(slice(o[i], o[i + 1]) for o, i in zip(offs, idx))
             key = (name, *idx)
+            where = (self.id, self.shape, tuple((o[i], o[i + 1]) for o, i in zip(offs, idx)))
             if self.file is not None:
                 path, offset, order = self.file
-                layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index)
+                layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index,
+                                  lab_array=where)
             else:
-                layer[key] = DataNode(key, np.ascontiguousarray(self.data[index]) if self.data.ndim else self.data)
-        return from_graph(name, layer, chunks, self.dtype, source=self)
+                block = np.ascontiguousarray(self.data[index]) if self.data.ndim else np.asarray(self.data)
+                layer[key] = Task(key, lab_block, DataNode(None, block), lab_array=where)
+        out = from_graph(name, layer, chunks, self.dtype, source=self)
+        out.dask.layers[name].collection_annotations = {LAB_ARRAY: (self.id, math.prod(self.shape))}
+        return out
+
+
+#: Catalog ops whose output carries its inputs' elements (moved, or transformed one by one);
+#: products and reductions make new numbers (aggregates) and are not counted as the lab array.
+_LAYOUT_OPS = frozenset({"getitem", "transpose", "reshape", "squeeze", "expand_dims", "broadcast_to", "concatenate",
+                         "stack", "astype", "rechunk", "formula", "where", "clip"})
+
+
+def carries_lab_data(opname: str) -> bool:
+    """Does a block made by ``opname`` still reveal its operands' elements (layout, elementwise)?"""
+    from goblin_dask.ops import catalog
+
+    spec = catalog().get(opname)
+    return opname in _LAYOUT_OPS or (spec is not None and "loop" in spec.extra)
+
+
+#: Lab arrays up to this many elements are not capped by ``goblin.minimization.max-share``: a
+#: vector of means or scale factors is broadcast against every block of the data it belongs to,
+#: so any task would hold more than a share of it; a cap on it would shrink products to 1x1 blocks.
+SMALL_ARRAY = 4096
+
+
+def share_cap(size: int) -> float | None:
+    """The most elements of a lab array of ``size`` elements one volunteer task may hold (None: no cap)."""
+    import dask
+
+    share = dask.config.get("goblin.minimization.max-share", 0.25)
+    small = int(dask.config.get("goblin.minimization.small-array", SMALL_ARRAY))
+    if share is None or float(share) >= 1 or size <= small:
+        return None
+    return float(share) * size
+
+
+def lab_arrays(x: Any) -> dict[str, int]:
+    """{lab array id: its element count} of the lab arrays whose elements ``x``'s blocks may hold.
+
+    Walks ``x``'s layers back to the sources, through layout and elementwise layers only
+    (a product or a reduction is an aggregate: its output does not count as its inputs).
+    An upper bound: a slice of a lab array counts as the whole array.
+    """
+    graph = getattr(x, "dask", None)
+    layers = getattr(graph, "layers", None)
+    if layers is None:
+        return {}
+    deps = graph.dependencies
+    out: dict[str, int] = {}
+    stack, seen = [x.name], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in layers:
+            continue
+        seen.add(name)
+        found = (layers[name].collection_annotations or {}).get(LAB_ARRAY)
+        if found is not None:
+            out[found[0]] = int(found[1])
+            continue
+        prefix = name.rsplit("-", 1)[0]
+        if prefix not in ("rechunk", "array") and not carries_lab_data(prefix):
+            from goblin_dask.ops import catalog
+
+            if prefix in catalog():
+                continue  # an aggregate
+        stack.extend(deps.get(name, ()))
+    return out
 
 
 def _tokenize(*args: Any) -> str:

@@ -1,0 +1,414 @@
+"""What a volunteer may learn: a cap per task, and an account per volunteer.
+
+The array layer's source blocks are lab-only tasks that name their place in a lab array
+(``lab_array=(id, shape, box)``, :mod:`goblin_dask.array.sources`; the id is opaque).
+From them this plugin follows, on the scheduler, which elements of which lab array every
+block holds (its *lineage*): through layout ops (getitem, transpose, reshape, rechunk,
+concatenate, ...) and elementwise ops (a block computed element by element reveals its
+inputs), and the lab's check task of a volunteer result takes that result's lineage.
+Products and reductions make new numbers (aggregates): their results count as no lab
+array.  Plain ``DataNode`` blocks of hand-made graphs carry no lineage and are not
+counted.  Where the exact region is lost (after a reshape, a concatenation, an op of
+several operands) a block counts as the whole of what it came from: the account errs
+on the side of "the volunteer saw more".
+
+* **Cap** (``goblin.minimization.max-share``, default 1/4; arrays of at most
+  ``goblin.minimization.small-array`` = 4096 elements are exempt): before dispatch, a task placed
+  on a volunteer whose dependencies hold more than that share of any lab array's
+  elements is not sent: the lab computes it (its ``unverified-`` task becomes a no-op on
+  the lab worker and the check task computes the op itself), so nothing fails and no
+  volunteer sees it.  The array layer sizes product blocks so that this does not happen
+  (:mod:`goblin_dask.array.linalg`); the check here catches what sizing cannot see.
+* **Account**: for each volunteer and each lab array, the elements it received (distinct
+  elements: the union of the regions of the blocks sent to it, so a block received twice
+  counts once), as a fraction of the array.  A task counts when it is sent to a
+  volunteer (``processing`` on it) and when a volunteer returns it (a stolen task).
+  ``report()`` gives ``{volunteer: {array id: fraction}}``: ``LabNode.report()["exposure"]``.
+* **Per-volunteer cap** (``goblin.minimization.max-exposure``, default None: off): when set,
+  each volunteer task is placed, when its graph arrives, on a volunteer whose exposure
+  (received plus already planned) stays within the cap for every lab array, the one that
+  learns least new from it (then the least loaded); when none can take it, the lab
+  computes it.  A volunteer that leaves has its planned tasks placed again the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections import defaultdict
+from typing import Any
+
+import dask
+import numpy as np
+from dask._task_spec import Alias, Task
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from goblin_dask.array.sources import carries_lab_data, lab_block, read_block, share_cap
+from goblin_dask.ops.spec import CatalogTask
+from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
+from goblin_dask.validation.checks import accept, is_unverified_key
+
+logger = logging.getLogger("goblin_dask.exposure")
+
+#: Beyond this many cells a coverage stops splitting cells and marks whole ones (over-counts).
+MAX_CELLS = 1 << 22
+
+# A piece of lineage: (array id, box: ((lo, hi) per array axis), amap) where amap maps each
+# axis of the block to an axis of the array (None: a new axis), or is None when the block's
+# axes no longer correspond (then the box is all that is known: the block holds at most it).
+Piece = tuple
+
+
+def kept_on_lab(*_deps: Any) -> None:
+    """Lab worker: stands in for a volunteer task the lab computes itself (see the module docstring)."""
+    return None
+
+
+class Coverage:
+    """The union of boxes in an n-d array, exactly, on a grid cut at the boxes' edges."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = tuple(int(s) for s in shape)
+        self.edges = [[0, n] for n in self.shape]
+        self.mask = np.zeros((1,) * len(self.shape), dtype=bool)
+
+    def copy(self) -> "Coverage":
+        other = Coverage.__new__(Coverage)
+        other.shape, other.edges, other.mask = self.shape, [list(e) for e in self.edges], self.mask.copy()
+        return other
+
+    def _cut(self, axis: int, p: int) -> None:
+        edges = self.edges[axis]
+        i = bisect.bisect_left(edges, p)
+        if i < len(edges) and edges[i] == p:
+            return
+        if self.mask.size * (len(edges)) / max(len(edges) - 1, 1) > MAX_CELLS:
+            return  # too fine already: whole cells get marked (an over-count)
+        edges.insert(i, p)
+        self.mask = np.insert(self.mask, i - 1, self.mask.take(i - 1, axis=axis), axis=axis)
+
+    def add(self, box: tuple) -> None:
+        clipped = [(max(0, min(lo, n)), max(0, min(hi, n))) for (lo, hi), n in zip(box, self.shape)]
+        if any(lo >= hi for lo, hi in clipped):
+            return
+        for axis, (lo, hi) in enumerate(clipped):
+            self._cut(axis, lo)
+            self._cut(axis, hi)
+        index = []
+        for axis, (lo, hi) in enumerate(clipped):
+            edges = self.edges[axis]
+            index.append(slice(bisect.bisect_right(edges, lo) - 1, bisect.bisect_left(edges, hi)))
+        self.mask[tuple(index)] = True
+
+    def covered(self) -> int:
+        if not self.shape:
+            return int(self.mask.any())
+        widths = [np.diff(np.asarray(e, dtype=np.int64)) for e in self.edges]
+        # volume = sum(mask * outer(widths)): contract the last axis, then the next ...
+        vol = self.mask.astype(np.float64)
+        for w in reversed(widths):
+            vol = vol @ w.astype(np.float64)
+        return int(round(float(vol)))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def _pad(amap: tuple, ndim: int) -> tuple | None:
+    if len(amap) > ndim:
+        return None
+    return (None,) * (ndim - len(amap)) + tuple(amap)
+
+
+def _getitem(piece: Piece, index: tuple) -> Piece:
+    aid, box, amap = piece
+    if amap is None or not isinstance(index, tuple):
+        return (aid, box, None)
+    amap = _pad(amap, sum(1 for i in index if i is not None))
+    if amap is None:
+        return (aid, box, None)
+    box, out, d = list(box), [], 0
+    for i in index:
+        if i is None:
+            out.append(None)
+            continue
+        axis = amap[d]
+        d += 1
+        if axis is None:
+            if isinstance(i, slice):
+                out.append(None)
+            continue
+        lo, hi = box[axis]
+        if hi - lo == 1:  # a broadcast (or size-1) axis: whatever is selected, it is this element
+            if isinstance(i, slice):
+                out.append(axis)
+            continue
+        if isinstance(i, slice):
+            start, stop, step = i.indices(hi - lo)
+            picked = range(start, stop, step)
+            if len(picked) == 0:
+                return (aid, tuple((0, 0) for _ in box), None)
+            box[axis] = (lo + min(picked[0], picked[-1]), lo + max(picked[0], picked[-1]) + 1)
+            out.append(axis)
+        else:
+            p = int(i) % (hi - lo)
+            box[axis] = (lo + p, lo + p + 1)
+    return (aid, tuple(box), tuple(out))
+
+
+def _transform(opname: str, params: dict, pieces: tuple, single: bool) -> tuple:
+    """Lineage of a block made by ``opname`` from blocks whose lineage is ``pieces``."""
+    if opname == "getitem" and single:
+        return tuple(_getitem(p, params.get("index")) for p in pieces)
+    if opname == "transpose" and single:
+        axes = tuple(params.get("axes") or ())
+        out = []
+        for aid, box, amap in pieces:
+            amap = _pad(amap, len(axes)) if amap is not None else None
+            out.append((aid, box, tuple(amap[a] for a in axes) if amap is not None else None))
+        return tuple(out)
+    if opname == "squeeze" and single:
+        drop = set(params.get("axis") or ())
+        return tuple((aid, box, tuple(a for d, a in enumerate(amap) if d not in drop) if amap is not None else None)
+                     for aid, box, amap in pieces)
+    if _elementwise(opname) or (single and opname not in ("reshape", "broadcast_to", "concatenate", "stack",
+                                                          "expand_dims")):
+        return pieces  # element by element (operands broadcast from the right): the same places
+    return tuple((aid, box, None) for aid, box, _ in pieces)
+
+
+def _elementwise(opname: str) -> bool:
+    """An op whose output element (i, j, ...) reads only element (i, j, ...) of each (broadcast) operand."""
+    from goblin_dask.ops._factories import broadcast_shape
+    from goblin_dask.ops.registry import op_by_name
+
+    try:
+        rule = op_by_name(opname).shape_rule
+    except Exception:
+        return False
+    return getattr(rule, "func", None) is broadcast_shape
+
+
+class ExposurePlugin(SchedulerPlugin):
+    name = "goblin-exposure"
+
+    def __init__(self, scheduler, admission):
+        self.scheduler = scheduler
+        self.admission = admission
+        self.lineage: dict[Any, tuple] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        #: volunteer name -> array id -> Coverage of what it received
+        self.received: dict[str, dict[str, Coverage]] = defaultdict(dict)
+        #: volunteer address -> array id -> Coverage planned (max-exposure placement)
+        self.planned: dict[str, dict[str, Coverage]] = defaultdict(dict)
+        self.pinned: dict[Any, str] = {}
+        self.kept: set = set()  # unverified keys the lab computes instead (their no-op runs on the lab)
+        self.kept_count = 0
+
+    # -- configuration ------------------------------------------------------------
+    @staticmethod
+    def max_share() -> float:
+        share = dask.config.get("goblin.minimization.max-share", 0.25)
+        return 1.0 if share is None else float(share)
+
+    @staticmethod
+    def max_exposure() -> float | None:
+        cap = dask.config.get("goblin.minimization.max-exposure", None)
+        return None if cap is None else float(cap)
+
+    # -- lineage ------------------------------------------------------------------
+    def _derive(self, ts) -> tuple:
+        spec = ts.run_spec
+        deps = [self.lineage.get(d.key, ()) for d in ts.dependencies]
+        if isinstance(spec, CatalogTask):
+            if not carries_lab_data(spec.func.name):
+                return ()
+            pieces = tuple(p for lin in deps for p in lin)
+            if not pieces:
+                return ()
+            return _transform(spec.func.name, dict(spec.kwargs), pieces, single=len(ts.dependencies) == 1)
+        if isinstance(spec, Alias):
+            return self.lineage.get(spec.target, ())
+        if isinstance(spec, Task) and spec.func in (lab_block, read_block):
+            where = spec.kwargs.get("lab_array")
+            if where is None:
+                return ()
+            aid, shape, box = where
+            self.shapes[str(aid)] = tuple(int(s) for s in shape)
+            box = tuple((int(lo), int(hi)) for lo, hi in box)
+            return ((str(aid), box, tuple(range(len(box)))),)
+        if isinstance(spec, Task) and spec.func is accept:
+            raw = [d for d in ts.dependencies if is_unverified_key(d.key)]
+            return self.lineage.get(raw[0].key, ()) if raw else ()
+        if isinstance(spec, Task) and spec.func is kept_on_lab:
+            return ()
+        # anything else (a researcher's function on the lab worker): all it was given, somewhere
+        return tuple((aid, box, None) for lin in deps for aid, box, _ in lin)
+
+    def _lineage_of(self, tasks) -> None:
+        """Fill ``self.lineage`` for ``tasks`` (TaskStates), dependencies first."""
+        todo = [ts for ts in tasks if ts.key not in self.lineage]
+        pending = {ts.key for ts in todo}
+        done: set = set()
+        stack = list(todo)
+        while stack:
+            ts = stack[-1]
+            if ts.key in done:
+                stack.pop()
+                continue
+            waiting = [d for d in ts.dependencies if d.key in pending and d.key not in done]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            done.add(ts.key)
+            lin = self._derive(ts) if ts.run_spec is not None else ()
+            if lin:
+                self.lineage[ts.key] = lin
+            else:
+                self.lineage.pop(ts.key, None)
+
+    def needs(self, ts) -> dict[str, Coverage]:
+        """What running ``ts`` sends its worker, per lab array."""
+        out: dict[str, Coverage] = {}
+        for d in ts.dependencies:
+            for aid, box, _ in self.lineage.get(d.key, ()):
+                if aid not in self.shapes:
+                    continue
+                cov = out.get(aid) or out.setdefault(aid, Coverage(self.shapes[aid]))
+                cov.add(box)
+        return out
+
+    # -- placement ---------------------------------------------------------------
+    def update_graph(self, scheduler, *, tasks: list, **kwargs: Any) -> None:
+        new = [scheduler.tasks[k] for k in tasks if k in scheduler.tasks]
+        self._lineage_of(new)
+        share, cap = self.max_share(), self.max_exposure()
+        for ts in sorted(new, key=lambda t: t.priority or ()):
+            if ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1} or not isinstance(ts.run_spec, CatalogTask):
+                continue
+            needs = self.needs(ts)
+            over = [aid for aid, cov in needs.items()
+                    if (most := share_cap(cov.size)) is not None and cov.covered() > most + 1e-9]
+            if over:
+                self.keep_on_lab(ts, f"it would send a volunteer more than {share:g} of lab array(s) {over}")
+            elif cap is not None and needs:
+                self.plan(ts, needs, cap)
+
+    def plan(self, ts, needs: dict[str, Coverage], cap: float, exclude: str | None = None) -> bool:
+        """Pin ``ts`` to a volunteer that stays within ``cap``; else the lab computes it."""
+        allowed = set(self.admission.volunteers()) - {exclude}
+        if ts.worker_restrictions:
+            allowed &= set(ts.worker_restrictions)
+        best = None
+        for addr in sorted(allowed):
+            name = self.admission.names.get(addr, addr)
+            new_elems, fits, merged = 0, True, {}
+            for aid, cov in needs.items():
+                base = self.planned[addr].get(aid) or self.received[name].get(aid)
+                before = base.covered() if base is not None else 0
+                after = base.copy() if base is not None else Coverage(cov.shape)
+                for box in _boxes(cov):
+                    after.add(box)
+                got = after.covered()
+                if got > cap * after.size + 1e-9:
+                    fits = False
+                    break
+                new_elems += got - before
+                merged[aid] = after
+            if fits:
+                load = sum(1 for k, a in self.pinned.items() if a == addr)
+                if best is None or (new_elems, load) < best[0]:
+                    best = ((new_elems, load), addr, merged)
+        if best is None:
+            self.keep_on_lab(ts, f"every volunteer would exceed max-exposure {cap:g}")
+            return False
+        _, addr, merged = best
+        self.planned[addr].update(merged)
+        self.pinned[ts.key] = addr
+        ts.worker_restrictions = {addr}
+        ts.loose_restrictions = False
+        return True
+
+    def keep_on_lab(self, ts, why: str) -> None:
+        """The lab computes ``ts`` itself: its check task runs the op, the volunteer task becomes a no-op."""
+        from goblin_dask.validation.checks import UNVERIFIED_PREFIX
+
+        spec = ts.run_spec
+        name = ts.key[0] if isinstance(ts.key, tuple) else ts.key
+        original = (name[len(UNVERIFIED_PREFIX):],) + tuple(ts.key[1:]) if isinstance(ts.key, tuple) \
+            else name[len(UNVERIFIED_PREFIX):]
+        check = self.scheduler.tasks.get(original)
+        if check is None or not isinstance(check.run_spec, Task) or check.run_spec.func is not accept \
+                or check.state not in ("released", "waiting", "no-worker"):
+            # a replica or a task without its check: computed on the lab worker as it is
+            # (its check compares with a lab result; it never reaches a volunteer)
+            ts.resource_restrictions = {LAB_RESOURCE: 1}
+            ts.worker_restrictions = None
+        else:
+            check.run_spec = CatalogTask(original, spec.func, *spec.args, placement="lab", **spec.kwargs)
+            ts.run_spec = Task(ts.key, kept_on_lab)
+            ts.resource_restrictions = {LAB_RESOURCE: 1}
+            ts.worker_restrictions = None
+            self.kept.add(ts.key)
+        self.kept_count += 1
+        self.pinned.pop(ts.key, None)
+        logger.info("task %r computed on the lab worker: %s", ts.key, why)
+
+    # -- the account ---------------------------------------------------------------
+    def transition(self, key, start, finish, *args, worker: str | None = None, **kwargs) -> None:
+        ts = self.scheduler.tasks.get(key)
+        if finish == "processing" and ts is not None and ts.processing_on is not None:
+            self.record(ts, ts.processing_on.address)
+        elif start == "processing" and finish == "memory" and worker and ts is not None:
+            self.record(ts, worker)
+            if key in self.kept:  # the ledger counted a volunteer task: it was the lab's no-op
+                ledger = self.scheduler.plugins.get("goblin-verification")
+                if ledger is not None and ledger.computed_by.pop(key, None) is not None:
+                    ledger.tasks -= 1
+        if finish in ("memory", "erred", "forgotten", "released"):
+            addr = self.pinned.pop(key, None) if finish != "released" else None
+            if addr is not None and not self.pinned_to(addr):
+                self.planned.pop(addr, None)  # its plan is all received now
+        if finish == "forgotten":
+            self.lineage.pop(key, None)
+            self.kept.discard(key)
+
+    def pinned_to(self, addr: str) -> bool:
+        return any(a == addr for a in self.pinned.values())
+
+    def record(self, ts, addr: str) -> None:
+        if not self.admission.is_volunteer(addr):
+            return
+        name = self.admission.names.get(addr, addr)
+        for aid, cov in self.needs(ts).items():
+            mine = self.received[name].get(aid) or self.received[name].setdefault(aid, Coverage(cov.shape))
+            for box in _boxes(cov):
+                mine.add(box)
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self.planned.pop(worker, None)
+        cap = self.max_exposure()
+        for key in [k for k, a in self.pinned.items() if a == worker]:
+            ts = scheduler.tasks.get(key)
+            self.pinned.pop(key, None)
+            if ts is None or ts.state in ("memory", "erred", "forgotten") or cap is None:
+                continue
+            ts.worker_restrictions = None
+            self.plan(ts, self.needs(ts), cap, exclude=worker)
+
+    def report(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for name, arrays in sorted(self.received.items()):
+            fractions = {aid: cov.covered() / cov.size for aid, cov in sorted(arrays.items()) if cov.size}
+            if fractions:
+                out[name] = fractions
+        return out
+
+
+def _boxes(cov: Coverage):
+    """The marked cells of ``cov`` as boxes (to add one coverage into another)."""
+    for cell in zip(*np.nonzero(cov.mask)) if cov.shape else ([()] if cov.mask.any() else []):
+        yield tuple((cov.edges[a][i], cov.edges[a][i + 1]) for a, i in enumerate(cell))

@@ -1,0 +1,260 @@
+"""Faulty volunteers, each a real volunteer process, against a real lab node.
+
+A volunteer whose kernel raises, or whose process dies, never fails or stalls the
+researcher's computation: its tasks go to another volunteer or to the lab worker, its
+failures are counted (and, after a few in a row, it rests), the error's text is in the
+lab node's log, and no pickled exception of a volunteer reaches the researcher.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dask._task_spec import DataNode, TaskRef
+
+from goblin_dask.lab import LabNode
+from goblin_dask.ops import CatalogTask, get
+from goblin_dask.validation.checks import insert_checks
+from tests.conftest import assemble, blocked_product_graph, read_log, wait_for
+from tests.faulty import MARK
+
+N, BLOCK = 1024, 256
+
+
+@pytest.fixture(scope="module")
+def grid():
+    """A lab node with one honest volunteer; each test adds its faulty ones."""
+    with LabNode.local(volunteers=1) as node:
+        yield node
+
+
+@pytest.fixture
+def lonely(tmp_path):
+    """A lab node with no honest volunteer at all."""
+    with LabNode.local(volunteers=0, state_dir=tmp_path / "lab") as node:
+        yield node
+
+
+class ErredMessages:
+    """Every ``task-erred`` message the researcher's client receives (none should come from a volunteer)."""
+
+    def __init__(self, client):
+        self.client, self.messages = client, []
+        self._original = client._stream_handlers["task-erred"]
+
+    def __enter__(self):
+        def record(**msg):
+            self.messages.append(msg)
+            return self._original(**msg)
+
+        self.client._stream_handlers["task-erred"] = record
+        return self
+
+    def __exit__(self, *exc):
+        self.client._stream_handlers["task-erred"] = self._original
+
+
+def _product(node, seed: int):
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((N, N)), rng.standard_normal((N, N))
+    dsk, keys, blocks = blocked_product_graph(a, b, BLOCK)
+    with ErredMessages(node.client) as erred:
+        results = node.client.get(dsk, keys)
+    c = assemble({k[1:]: r for k, r in zip(keys, results)}, (N, N), blocks)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-10, atol=1e-10)
+    assert erred.messages == []  # the researcher never heard of the volunteers' failures
+    return node.report()
+
+
+def _faulty(node, kind: str, *extra: str) -> str:
+    return node.add_volunteer(module="tests.faulty", extra_args=("--fault", kind, *extra))
+
+
+def _scheduler_log(node) -> str:
+    return read_log(node._log_path("scheduler"))
+
+
+def _retire(node, name: str) -> None:
+    if node.processes[name].poll() is None:
+        node.kill_volunteer(name)
+    wait_for(lambda: name not in node.volunteer_names(), f"{name} to leave")
+
+
+def test_a_volunteer_whose_kernel_raises_beside_an_honest_one(grid):
+    honest = grid.volunteer_names()
+    before = grid.report()["volunteers"]
+    faulty = _faulty(grid, "raise")
+    report = _product(grid, seed=1)
+    volunteers = report["volunteers"]
+    assert volunteers[faulty]["failed"] >= 1, report
+    assert volunteers[faulty]["accepted"] == 0 and not volunteers[faulty]["banned"]
+    for name in honest:  # the honest volunteer computed (most of) the product, and was not blamed
+        assert volunteers[name]["accepted"] > before.get(name, {}).get("accepted", 0)
+        assert volunteers[name]["failed"] == before.get(name, {}).get("failed", 0)
+    faults = [f for f in report["faults"]["faults"] if f["volunteer"] == faulty]
+    assert faults and all(MARK in f["reason"] for f in faults if f["kind"] == "error"), faults
+    assert report["faults"]["rescheduled"] >= 1
+    log = _scheduler_log(grid)
+    assert f"volunteer {faulty} failed task" in log and MARK in log
+    # three failures in a row: it rests (its tasks went elsewhere)
+    assert volunteers[faulty]["cooldowns"] >= 1 and faulty in report["faults"]["cooling"], report["faults"]
+    assert any(f["kind"] == "cooldown" and f["volunteer"] == faulty for f in report["faults"]["faults"])
+    _retire(grid, faulty)
+
+
+def test_a_volunteer_out_of_memory_beside_an_honest_one(grid):
+    faulty = _faulty(grid, "memory")
+    report = _product(grid, seed=2)
+    assert report["volunteers"][faulty]["failed"] >= 1
+    assert "MemoryError" in _scheduler_log(grid)
+    _retire(grid, faulty)
+
+
+def test_a_volunteer_that_crashes_beside_an_honest_one(grid):
+    crasher = _faulty(grid, "crash")
+    report = _product(grid, seed=3)
+    wait_for(lambda: grid.processes[crasher].poll() is not None, f"{crasher} to die")
+    assert grid.processes[crasher].returncode == 13
+    volunteers = grid.report()["volunteers"]
+    report = grid.report()
+    if volunteers[crasher]["failed"] == 0:  # it died before it was given anything: nothing to count
+        pytest.skip("the crashing volunteer was given no task before the product ended")
+    crashes = [f for f in report["faults"]["faults"] if f["volunteer"] == crasher and f["kind"] == "crash"]
+    assert crashes and "disconnected while processing" in crashes[0]["reason"], report["faults"]
+    assert f"volunteer {crasher} disconnected while processing" in _scheduler_log(grid)
+
+
+def test_a_genuinely_bad_task_still_errs_for_the_researcher(grid):
+    """Operands whose shapes do not match: it fails on the volunteer, then on the lab worker too."""
+    honest = grid.volunteer_names()
+    before = grid.report()["volunteers"]
+    key = ("matmul-" + "ab" * 16, 0, 0)
+    dsk = insert_checks({
+        ("source-" + "cd" * 16, 0): DataNode(("source-" + "cd" * 16, 0), np.ones((3, 4))),
+        ("source-" + "ef" * 16, 0): DataNode(("source-" + "ef" * 16, 0), np.ones((5, 6))),
+        key: CatalogTask(key, get("matmul"), TaskRef(("source-" + "cd" * 16, 0)), TaskRef(("source-" + "ef" * 16, 0))),
+    })
+    with pytest.raises(Exception) as info:
+        grid.client.get(dsk, key)
+    assert "mismatch" in str(info.value) or "shape" in str(info.value) or "align" in str(info.value), info.value
+    report = grid.report()
+    for name in honest:  # the task was bad, not the volunteer
+        assert report["volunteers"][name]["failed"] == before.get(name, {}).get("failed", 0), report
+    assert any(f["kind"] == "excused" for f in report["faults"]["faults"]), report["faults"]
+
+
+def test_with_only_a_faulty_volunteer_the_lab_worker_computes(lonely):
+    faulty = _faulty(lonely, "raise")
+    report = _product(lonely, seed=4)
+    assert report["volunteers"][faulty]["failed"] >= 1 and report["volunteers"][faulty]["accepted"] == 0
+    assert report["faults"]["to_lab"] >= 1
+    assert "goes to the lab worker" in _scheduler_log(lonely)
+
+
+# -- the plugin's bookkeeping, without processes ----------------------------------------
+
+
+class _FakeWorker:
+    def __init__(self, address):
+        self.address, self.processing = address, set()
+
+
+class _FakeTask:
+    def __init__(self, key, resources):
+        self.key, self.resource_restrictions = key, dict(resources)
+        self.worker_restrictions = self.host_restrictions = None
+        self.loose_restrictions, self.state, self.processing_on, self.priority = False, "waiting", None, ()
+
+
+class _FakeScheduler:
+    def __init__(self, workers):
+        self.workers = {w.address: w for w in workers}
+        self.stream_handlers = {"task-erred": lambda **msg: self.erred.append(msg)}
+        self.erred, self.tasks, self.unrunnable, self.plugins = [], {}, {}, {}
+
+    def valid_workers(self, ts):
+        from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+        want = "vol" if VOLUNTEER_RESOURCE in ts.resource_restrictions else "lab"
+        return {w for a, w in self.workers.items() if a.startswith(want)}
+
+    async def remove_worker(self, address, **kwargs):
+        return "OK"
+
+
+class _FakeAdmission:
+    def __init__(self, names):
+        self.names = names
+
+    def is_volunteer(self, address):
+        return address.startswith("vol")
+
+    def volunteers(self):
+        return [a for a in self.names if a.startswith("vol")]
+
+
+def _plugin(**kwargs):
+    from scheduler_plugins.faults import FaultPlugin
+
+    workers = [_FakeWorker(a) for a in ("vol-a", "vol-b", "lab")]
+    sched = _FakeScheduler(workers)
+    plugin = FaultPlugin(sched, _FakeAdmission({"vol-a": "alice", "vol-b": "bob", "lab": "lab-worker"}), **kwargs)
+    return plugin, sched, {w.address: w for w in workers}
+
+
+def test_short_text_makes_untrusted_text_one_printable_line():
+    from scheduler_plugins.faults import short_text
+
+    assert short_text("RuntimeError('x')\n\x1b[31m  boom\x00") == "RuntimeError('x') [31m boom"
+    assert len(short_text("x" * 10_000)) == 200
+    assert short_text(b"bytes \xff") == "bytes \ufffd" and short_text(None) == ""
+
+
+def test_placement_skips_the_volunteers_a_task_failed_on_then_uses_the_lab():
+    from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
+
+    plugin, sched, ws = _plugin(max_attempts=2, max_consecutive=10)
+    ts = _FakeTask("unverified-matmul-00", {VOLUNTEER_RESOURCE: 1})
+    assert plugin.valid_workers(ts) == {ws["vol-a"], ws["vol-b"]}
+    plugin.failed_on[ts.key] = {"alice"}
+    assert plugin.valid_workers(ts) == {ws["vol-b"]}
+    plugin.failed_on[ts.key] = {"alice", "bob"}
+    assert plugin.valid_workers(ts) == {ws["lab"]} and ts.resource_restrictions == {LAB_RESOURCE: 1}
+    assert plugin.to_lab == 1
+    # a running task is only asked about (work stealing): never moved
+    running = _FakeTask("unverified-matmul-01", {VOLUNTEER_RESOURCE: 1})
+    running.state, plugin.failed_on[running.key] = "processing", {"alice", "bob"}
+    assert plugin.valid_workers(running) == set() and running.resource_restrictions == {VOLUNTEER_RESOURCE: 1}
+
+
+def test_failures_in_a_row_cool_a_volunteer_down_and_a_success_resets_the_count():
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    plugin, sched, ws = _plugin(max_consecutive=3, cooldown=60)
+    plugin._blame("alice", "error", "k1", "boom")
+    plugin._blame("alice", "error", "k2", "boom")
+    plugin.transition("k3", "processing", "memory", worker="vol-a")  # a success
+    assert plugin.in_row["alice"] == 0 and not plugin.is_cooling("alice")
+    for i in range(3):
+        plugin._blame("alice", "error", f"k{i}", "boom")
+    assert plugin.is_cooling("alice") and 59 < plugin.report()["cooling"]["alice"] <= 60
+    ts = _FakeTask("unverified-matmul-02", {VOLUNTEER_RESOURCE: 1})
+    assert plugin.valid_workers(ts) == {ws["vol-b"]}  # alice rests
+    plugin.cooling["alice"] = 0  # its cooldown is over
+    for i in range(3):
+        plugin._blame("alice", "error", f"k{i}", "boom")
+    assert 119 < plugin.report()["cooling"]["alice"] <= 120  # the second one is twice as long
+    plugin.cooling["bob"] = float("inf")
+    assert plugin.valid_workers(ts) == {ws["lab"]}  # every volunteer rests: the lab computes it
+    kinds = [f["kind"] for f in plugin.report()["faults"]]
+    assert kinds.count("cooldown") == 2 and kinds.count("error") == 8
+
+
+def test_a_failure_report_from_a_volunteer_never_reaches_the_scheduler_as_an_error():
+    plugin, sched, ws = _plugin()
+    plugin.handle_task_erred(key="unverified-x-00", stimulus_id="s", worker="vol-a", run_id=1,
+                             exception=b"pickled", exception_text="boom")
+    plugin.handle_task_erred(key=["unhashable"], stimulus_id="s", worker="vol-a", run_id=1)
+    assert sched.erred == []  # not a task it runs: dropped, never forwarded
+    plugin.handle_task_erred(key="lab-task", stimulus_id="s", worker="lab", run_id=1, exception_text="bad")
+    assert [m["key"] for m in sched.erred] == ["lab-task"]  # the lab worker's errors go on as usual
