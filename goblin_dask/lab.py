@@ -54,6 +54,9 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
     from goblin_dask.credentials import admin_credential
     from goblin_dask.tls import LabCA
 
+    from goblin_dask import link
+
+    link.install_lab_side()  # before the scheduler listens: volunteers' bytes are read as data only
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
@@ -63,7 +66,8 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
                           security=node_credential.security(),
                           dashboard_address=f"{host}:{dashboard_port}" if dashboard else None,
                           validate=False)
-    scheduler_plugins.install(scheduler, state_dir)
+    plugins = scheduler_plugins.install(scheduler, state_dir)
+    link.install_scheduler_side(scheduler, plugins["goblin-admission"])
     async with scheduler:
         close_on_signals(scheduler)
         info = {"address": scheduler.address, "dashboard_link": _dashboard_link(scheduler, host), "pid": os.getpid()}
@@ -90,7 +94,10 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS
     from goblin_dask.tls import Credential
 
+    from goblin_dask import link
+
     cred = Credential.load(credential)
+    link.install_lab_side()  # before the worker listens: volunteers' bytes are read as data only
     no_spilling()
     # It holds the only accepted copy of every result and runs every check: pausing it when
     # memory is high would stall the grid for good (volunteers cannot take its data).
@@ -105,6 +112,14 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     security=cred.security(),
                     startup_information={"goblin": lambda w: {"credential": cred.token}})
+
+    async def report_refusal(name: str, reason: str, ban: bool) -> None:
+        try:  # the scheduler keeps the record and bans; this process only logged it
+            await worker.scheduler.goblin_refuse_volunteer(name=name, reason=reason, ban=ban)
+        except Exception as e:
+            logger.warning("could not report the refusal of volunteer %s to the scheduler: %s", name, e)
+
+    link.set_refusal_handler(report_refusal)
     async with worker:
         close_on_signals(worker)
         await worker.finished()
@@ -297,7 +312,7 @@ class LabNode:
         credential = credential or self.enroll()
         name = Credential.decode(credential).name
         self._start_part(name, [
-            "-m", module, self.address, "--token", credential, "--host", "127.0.0.1",
+            "-m", module, self.address, "--token", credential,
             "--nthreads", str(nthreads or getattr(self, "_threads", 1)),
             "--memory-limit", str(memory_limit or getattr(self, "_memory_limit", "auto")), *extra_args,
         ])

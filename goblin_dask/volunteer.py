@@ -81,6 +81,14 @@ def _volunteer_worker_class():
             super().__init__(*args, **kwargs)
             self.goblin_fetched: set = set()
 
+        async def listen(self, port_or_addr=None, allow_offload=True, **kwargs):
+            # the nat listener opens no socket: it dials the lab node with the worker's own credential
+            await super().listen(port_or_addr, allow_offload=allow_offload, goblin_lab=self.scheduler.address,
+                                 goblin_dial=self.connection_args, **kwargs)
+
+        def start_http_server(self, *args, **kwargs):
+            """No HTTP port on a volunteer (its /metrics, /health and /sitemap.json stay private)."""
+
         def batched_send(self, msg):
             op = msg.get("op")
             if op == "add-keys":
@@ -193,11 +201,16 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
     from goblin_dask.lab import close_on_signals, no_spilling
     from goblin_dask.roles import VOLUNTEER_RESOURCE
 
+    from goblin_dask import link
+
+    link.install_volunteer_side()
     VolunteerWorker = _volunteer_worker_class()
     no_spilling()  # the lab's numbers never reach the volunteer's disk
     # No sampling profiler on a lent machine: every task is a catalog kernel (nothing to learn
     # from its stacks) and sampling busy threads every 10 ms costs the lender's CPU.
     dask.config.set({"distributed.worker.profile.enabled": False})
+    # The lab reads no compressed frames from a volunteer (README, "What the lab accepts").
+    dask.config.set({"distributed.comm.compression": False})
 
     from goblin_dask.tls import Credential
 
@@ -214,10 +227,11 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
             wait = backoff[0]
             worker = VolunteerWorker(
                 address, nthreads=nthreads, name=name, memory_limit=memory_limit, nanny=None,
+                protocol="nat", host=name, dashboard=False,
                 resources={VOLUNTEER_RESOURCE: float(nthreads)}, local_directory=local_directory,
                 blocked_handlers=list(BLOCKED_HANDLERS), preload=[], preload_argv=[],
                 startup_information={"goblin": lambda w: {"credential": credential.token}},
-                host=host, security=security,
+                security=security,
             )
             try:
                 await worker
@@ -251,7 +265,8 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
 @click.option("--memory-limit", default="auto", help="memory this volunteer lends, e.g. 4GB")
 @click.option("--gpu/--no-gpu", default=None, help="use cupy kernels on a GPU (default: when one is usable)")
 @click.option("--local-directory", default=None, help="scratch directory (default: a private temporary one)")
-@click.option("--host", default=None, help="address to listen on for the lab worker's fetches")
+@click.option("--host", default=None, hidden=True,
+              help="ignored: a volunteer opens no listening socket (its link to the lab is outbound only)")
 @click.option("--max-attempts", default=None, type=int, help="give up after this many failed connection attempts")
 def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, host, max_attempts):
     """Lend this machine to a lab node: compute its catalog operations, nothing else."""

@@ -29,9 +29,9 @@ logger = logging.getLogger("goblin_dask.admission")
 
 
 #: The scheduler handlers a volunteer's connection may call.
-VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity"})
+VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", "goblin_link_endpoints"})
 #: Handlers only the lab admin (and the lab's own processes) may call.
-ADMIN_HANDLERS = frozenset({"goblin_revoke", "terminate", "restart", "restart_workers", "retire_workers"})
+ADMIN_HANDLERS = frozenset({"goblin_revoke", "goblin_refuse_volunteer", "terminate", "restart", "restart_workers", "retire_workers"})
 #: Roles allowed to open a client session.
 CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 
@@ -120,6 +120,15 @@ class AdmissionPlugin(SchedulerPlugin):
                 self.scheduler.remove_worker, addr, close=True, expected=True, stimulus_id=f"goblin-revoke-{name}"
             )
         return closed
+
+    def refuse_volunteer(self, name: str, reason: str, ban: bool = True) -> None:
+        """The comm layer refused bytes from volunteer ``name`` (:mod:`goblin_dask.link`): record it, ban it."""
+        self.refusals.append({"address": name, "reason": reason})
+        if ban:
+            if hasattr(self, "ban"):
+                self.ban(name, reason)
+            else:
+                self.revoke(name, ban=True)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.roles.pop(worker, None)

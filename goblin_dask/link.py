@@ -1,0 +1,577 @@
+"""The volunteer link: one comm layer for what the lab reads from volunteers, and for volunteers behind NAT.
+
+distributed chooses a comm class per address scheme; this module registers two backends
+(``distributed.comm.registry.backends``) and keeps everything else distributed's own.
+
+**Lab side** (the scheduler and the lab worker, :func:`install_lab_side`): the ``tls``
+backend makes each connection's comm from its peer's certificate (the CA signed its
+role).  A volunteer's connection is a :class:`VolunteerComm`; everyone else's is
+distributed's ``TLS`` comm, unchanged.  A :class:`VolunteerComm`
+
+* reads a message only when its announced size is within ``goblin.link.max-message``
+  (default: a quarter of this machine's memory): a header announcing 100 GB allocates
+  nothing and drops the connection;
+* decodes it with the plain-data allow-list (:func:`goblin_dask.safe_pickle.plain_data_loads`:
+  numeric arrays, numbers, plain containers; no class, no function, no exception object)
+  and without compressed frames, whatever the handler, the ``get_data`` answer or the
+  worker stream it is for;
+* refuses anything else: the connection is dropped, the refusal logged with the
+  volunteer's name, and the volunteer banned (:func:`set_refusal_handler`).
+
+A volunteer holds at most ``goblin.link.max-connections`` (32) connections to a lab
+process at once, and a TLS handshake that does not finish in
+``goblin.link.handshake-timeout`` (10 s) is dropped.
+
+**Volunteers behind NAT.**  A volunteer opens no listening socket.  Its worker's
+address is ``nat://<name>:<n>`` (``n`` tells its runs apart; no port is open).  The
+:class:`NatListener` standing in for its listener keeps ``goblin.link.standby`` (2)
+TLS connections open *from* the volunteer to each lab process that may need to reach
+it (the scheduler, and the lab workers it learns from the scheduler's
+``goblin_link_endpoints``), each announced with ``{"op": "goblin_standby"}``.  The lab
+side parks them (:class:`Standby`: only under the name of the volunteer's own
+certificate).  When a lab process connects to ``nat://...`` (the lab worker fetching a
+result, the scheduler calling the worker), the ``nat`` connector takes a parked
+connection, sends ``{"op": "goblin_activate"}``, and from there both ends run
+distributed's own handshake and protocol with their roles swapped: the volunteer
+serves it as if it had accepted it, and opens a new standby connection.  What it
+costs: two idle TLS connections per lab process per volunteer, and one round trip
+(the activation) the first time a lab process reaches a volunteer; distributed's
+connection pool keeps an activated connection for reuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import re
+import struct
+import time
+import weakref
+from collections import defaultdict, deque
+from ssl import SSLError
+from typing import Any, Callable
+
+import dask
+from distributed.comm.core import CommClosedError, Connector, Listener
+from distributed.comm.registry import Backend, backends
+from distributed.comm.tcp import (
+    TLS,
+    TLSBackend,
+    TLSConnector,
+    TLSListener,
+    convert_stream_closed_error,
+    get_stream_address,
+    read_bytes_rw,
+)
+
+from distributed.comm.addressing import parse_address, parse_host_port, unparse_host_port
+from tornado.iostream import StreamClosedError
+
+logger = logging.getLogger("goblin_dask.link")
+
+#: The volunteer (role, name) whose bytes this thread is decoding; None: a trusted peer's.
+DECODING_FOR: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("goblin_decoding_for",
+                                                                                      default=None)
+#: Serializer families a volunteer's frames may use ("dask": numpy arrays by their dtype and shape).
+VOLUNTEER_SERIALIZERS = ("dask", "pickle", "msgpack")
+NAME = re.compile(r"^[\w-]+$")
+
+
+class Refused(Exception):
+    """A volunteer sent something the lab does not read; ``ban``: whether it is banned for it."""
+
+    def __init__(self, reason: str, ban: bool = True):
+        super().__init__(reason)
+        self.reason, self.ban = reason, ban
+
+
+# -- configuration ---------------------------------------------------------------------
+
+def max_message() -> int:
+    limit = dask.config.get("goblin.link.max-message", None)
+    if limit is None:
+        from distributed.system import MEMORY_LIMIT
+
+        return int(MEMORY_LIMIT // 4)
+    return int(dask.utils.parse_bytes(limit))
+
+
+def _setting(name: str, default):
+    return type(default)(dask.config.get(f"goblin.link.{name}", default))
+
+
+# -- refusals --------------------------------------------------------------------------
+
+_refusal_handler: Callable[[str, str, bool], Any] | None = None
+_recent_refusals: deque = deque(maxlen=1000)
+
+
+def set_refusal_handler(handler: Callable[[str, str, bool], Any] | None) -> None:
+    """``handler(name, reason, ban)`` is called for each refusal (the scheduler bans through admission)."""
+    global _refusal_handler
+    _refusal_handler = handler
+
+
+def refusals() -> list[dict]:
+    """The refusals of this process, newest last."""
+    return list(_recent_refusals)
+
+
+def refuse(name: str, reason: str, ban: bool = True) -> None:
+    logger.warning("refused volunteer %s: %s%s", name, reason, " (banned)" if ban else "")
+    _recent_refusals.append({"name": name, "reason": reason, "ban": ban, "time": time.time()})
+    if _refusal_handler is not None:
+        try:
+            result = _refusal_handler(name, reason, ban)
+            if asyncio.iscoroutine(result):
+                asyncio.ensure_future(result)
+        except Exception:
+            logger.exception("goblin link: the refusal handler failed for %s", name)
+
+
+# -- decoding ----------------------------------------------------------------------------
+
+_installed_lab_side = False
+
+
+def _install_decoding_hooks() -> None:
+    """Route distributed's unpickling and decompression through the volunteer check."""
+    import distributed.protocol.compression as compression
+    import distributed.protocol.core as core
+    import distributed.protocol.pickle as dpickle
+    import distributed.protocol.serialize as serialize
+
+    from goblin_dask.safe_pickle import plain_data_loads
+
+    trusted_loads = dpickle.loads
+
+    def loads(x, *, buffers=()):
+        peer = DECODING_FOR.get()
+        if peer is None:
+            return trusted_loads(x, buffers=buffers)
+        return plain_data_loads(x, buffers=buffers, peer=peer[1])
+
+    trusted_decompress = compression.decompress
+
+    def decompress(header, frames):
+        if DECODING_FOR.get() is not None and any(c is not None for c in header.get("compression", ())):
+            raise Refused("sent compressed frames (the lab reads none from volunteers)")
+        return trusted_decompress(header, frames)
+
+    dpickle.loads = loads
+    compression.decompress = core.decompress = serialize.decompress = decompress
+
+
+def _role_of(stream) -> tuple[str, str] | None:
+    from goblin_dask.tls import peer_identity
+
+    sock = getattr(stream, "socket", None)
+    try:
+        cert = sock.getpeercert() if sock is not None else None
+    except (OSError, ValueError):
+        return None
+
+    class _Peer:
+        extra_info = {"peercert": cert}
+
+    return peer_identity(_Peer)
+
+
+class VolunteerComm(TLS):
+    """The lab's end of a connection whose peer holds a volunteer certificate."""
+
+    def __init__(self, stream, local_addr: str, peer_addr: str, deserialize: bool = True):
+        super().__init__(stream, local_addr, peer_addr, deserialize=True)  # decoded here, under the allow-list
+        self.identity = _role_of(stream) or ("volunteer", "?")
+        self.pushed_back: list = []
+
+    @property
+    def volunteer(self) -> str:
+        return self.identity[1]
+
+    async def read(self, deserializers=None):
+        if self.pushed_back:
+            return self.pushed_back.pop()
+        stream = self.stream
+        if stream is None:
+            raise CommClosedError()
+        limit = max_message()
+        try:
+            (size,) = struct.unpack("Q", await stream.read_bytes(8))
+            if size > limit:
+                raise Refused(f"announced a message of {size} bytes (this lab reads at most {limit})", ban=False)
+            whole = await read_bytes_rw(stream, size)
+            try:
+                from distributed.protocol.utils import unpack_frames
+
+                frames, rest = unpack_frames(whole, partial=True)
+            except Exception as e:
+                raise Refused(f"sent a malformed frame header ({type(e).__name__})") from None
+            if any(n < 0 for n in rest) or size + sum(rest) > limit:
+                raise Refused(f"announced buffers of {sum(rest)} bytes (this lab reads at most {limit})", ban=False)
+            for n in rest:
+                frames.append(await read_bytes_rw(stream, n))
+        except Refused as e:
+            self._refuse(e)
+        except (StreamClosedError, SSLError) as e:
+            self.stream = None
+            self._closed = True
+            convert_stream_closed_error(self, e)
+        except BaseException:
+            self.abort()
+            raise
+        return await self._decode(frames)
+
+    async def _decode(self, frames):
+        from distributed.protocol import loads
+        from distributed.utils import nbytes, offload
+
+        identity = self.identity
+
+        def decode():
+            token = DECODING_FOR.set(identity)
+            try:
+                return loads(frames, deserialize=True, deserializers=VOLUNTEER_SERIALIZERS)
+            finally:
+                DECODING_FOR.reset(token)
+
+        try:
+            if sum(map(nbytes, frames)) > 10_000_000:
+                return await offload(decode)
+            return decode()
+        except Refused as e:
+            self._refuse(e)
+        except Exception as e:  # a refused pickle, random bytes, a wrong structure ...
+            from goblin_dask.safe_pickle import RefusedPickle
+
+            cause = e if isinstance(e, RefusedPickle) else e.__cause__ or e
+            what = f"a refused pickle: {cause}" if isinstance(cause, RefusedPickle) \
+                else f"a malformed message ({type(e).__name__}: {str(e)[:200]})"
+            self._refuse(Refused(f"sent {what}"))
+
+    def _refuse(self, refusal: Refused):
+        refuse(self.volunteer, refusal.reason, refusal.ban)
+        self.abort()
+        raise CommClosedError(f"goblin lab: refused volunteer {self.volunteer}: {refusal.reason}")
+
+
+def _comm_for(stream, local_addr: str, peer_addr: str, deserialize: bool = True):
+    """The comm of a lab process's TLS connection: chosen by the peer's certificate role."""
+    identity = _role_of(stream)
+    cls = VolunteerComm if identity is not None and identity[0] == "volunteer" else TLS
+    return cls(stream, local_addr, peer_addr, deserialize)
+
+
+# -- the lab side: listener, connector, standby connections --------------------------------
+
+_volunteer_comms: dict[str, weakref.WeakSet] = defaultdict(weakref.WeakSet)
+_handshaking = 0
+
+
+class LabTLSConnector(TLSConnector):
+    comm_class = staticmethod(_comm_for)
+
+
+class LabTLSListener(TLSListener):
+    comm_class = staticmethod(_comm_for)
+
+    async def _prepare_stream(self, stream, address):
+        global _handshaking
+        if _handshaking >= _setting("max-handshakes", 512):
+            stream.close()
+            return None
+        _handshaking += 1
+        try:
+            await asyncio.wait_for(stream.wait_for_handshake(), _setting("handshake-timeout", 10.0))
+        except (OSError, asyncio.TimeoutError) as e:
+            logger.info("TLS handshake with %s failed: %s", address, getattr(e, "real_error", None) or e or "timeout")
+            stream.close()
+            return None
+        finally:
+            _handshaking -= 1
+        return stream
+
+    async def _handle_stream(self, stream, address):
+        address = self.prefix + unparse_host_port(*address[:2])
+        stream = await self._prepare_stream(stream, address)
+        if stream is None:
+            return
+        if self.tcp_server is None:
+            stream.close()
+            return
+        comm = self.comm_class(stream, self.prefix + get_stream_address(stream), address, self.deserialize)
+        comm.allow_offload = self.allow_offload
+        if isinstance(comm, VolunteerComm):
+            held = _volunteer_comms[comm.volunteer]
+            if len([c for c in held if not c.closed()]) >= _setting("max-connections", 32):
+                refuse(comm.volunteer, f"opened more than {_setting('max-connections', 32)} connections", ban=False)
+                comm.abort()
+                return
+            held.add(comm)
+        try:
+            await self.on_connection(comm)
+        except CommClosedError:
+            return
+        if isinstance(comm, VolunteerComm):
+            try:
+                first = await comm.read()
+            except (CommClosedError, OSError):
+                return
+            if isinstance(first, dict) and first.get("op") == "goblin_standby":
+                STANDBY.park(comm, first.get("address"))
+                return
+            comm.pushed_back.append(first)
+        await self.comm_handler(comm)
+
+
+class Standby:
+    """Connections volunteers opened to this lab process, parked until it needs to reach them."""
+
+    def __init__(self):
+        self.parked: dict[str, deque] = defaultdict(deque)
+        self.waiting: dict[str, list[asyncio.Future]] = defaultdict(list)
+
+    def park(self, comm: VolunteerComm, address: Any) -> None:
+        try:
+            scheme, loc = parse_address(address) if isinstance(address, str) else (None, "")
+            host, _ = parse_host_port(loc)
+        except (ValueError, TypeError):
+            scheme, host = None, None
+        if scheme != "nat" or host != comm.volunteer:
+            refuse(comm.volunteer, f"offered a standby connection for {str(address)[:100]!r}, not its own name")
+            comm.abort()
+            return
+        address = f"nat://{loc}"
+        for fut in self.waiting.get(address, ()):
+            if not fut.done():
+                fut.set_result(comm)
+                return
+        queue = self.parked[address]
+        live = [c for c in queue if not c.closed()]
+        queue.clear()
+        queue.extend(live)
+        while len(queue) >= _setting("max-standby", 8):
+            queue.popleft().abort()
+        queue.append(comm)
+
+    async def take(self, address: str) -> VolunteerComm:
+        queue = self.parked.get(address)
+        while queue:
+            comm = queue.popleft()
+            if not comm.closed():
+                return comm
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[address].append(fut)
+        try:
+            return await fut
+        finally:
+            self.waiting[address].remove(fut)
+            if not self.waiting[address]:
+                del self.waiting[address]
+
+    def forget(self, address: str) -> None:
+        for comm in self.parked.pop(address, ()):
+            comm.abort()
+
+
+STANDBY = Standby()
+
+
+class NatConnector(Connector):
+    """Reaches a volunteer through a connection it parked here."""
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        comm = await STANDBY.take(f"nat://{address}")
+        try:
+            await comm.write({"op": "goblin_activate"})
+        except Exception:
+            comm.abort()
+            raise
+        comm._peer_addr = f"nat://{address}"
+        return comm
+
+
+class LabTLSBackend(TLSBackend):
+    _connector_class = LabTLSConnector
+    _listener_class = LabTLSListener
+
+
+class NatBackend(Backend):
+    """``nat://<name>:<n>``: a volunteer reached over connections it opened itself."""
+
+    def get_connector(self):
+        return NatConnector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        return NatListener(loc, handle_comm, deserialize, **connection_args)
+
+    def get_address_host(self, loc):
+        return parse_host_port(loc)[0]
+
+    def get_address_host_port(self, loc):
+        return parse_host_port(loc)
+
+    def resolve_address(self, loc):
+        return loc
+
+    def get_local_address_for(self, loc):
+        return ""
+
+
+def install_lab_side(refusal_handler: Callable[[str, str, bool], Any] | None = None) -> None:
+    """Make this process a lab process: volunteers' bytes decoded as data only, NAT volunteers reachable."""
+    global _installed_lab_side
+    if refusal_handler is not None:
+        set_refusal_handler(refusal_handler)
+    if _installed_lab_side:
+        return
+    _install_decoding_hooks()
+    backends["tls"] = LabTLSBackend()
+    backends["nat"] = NatBackend()
+    _installed_lab_side = True
+
+
+def install_scheduler_side(scheduler, admission) -> None:
+    """The scheduler's link handlers, and its refusals recorded (and bans made) by admission.
+
+    ``goblin_link_endpoints`` (volunteers): the lab processes a volunteer keeps standby
+    connections to.  ``goblin_refuse_volunteer`` (the lab worker): a refusal it made.
+    """
+    from scheduler_plugins.admission import _authorized
+
+    def goblin_link_endpoints() -> list[str]:
+        return [scheduler.address, *sorted(admission.lab_workers())]
+
+    def goblin_refuse_volunteer(name: str, reason: str, ban: bool = True) -> None:
+        admission.refuse_volunteer(str(name), str(reason), bool(ban))
+
+    for handler in (goblin_link_endpoints, goblin_refuse_volunteer):
+        scheduler.handlers[handler.__name__] = _authorized(handler.__name__, handler)
+    set_refusal_handler(admission.refuse_volunteer)
+
+
+# -- the volunteer side ----------------------------------------------------------------------
+
+class NatListener(Listener):
+    """A volunteer's listener that opens no socket: it keeps standby connections to the lab."""
+
+    prefix = "nat://"
+
+    def __init__(self, loc: str, handle_comm, deserialize: bool = True, allow_offload: bool = True, *,
+                 goblin_lab: str | None = None, goblin_dial: dict | None = None, **ignored: Any):
+        host, port = parse_host_port(loc, 0) if loc else ("", 0)
+        if not NAME.match(host or ""):
+            raise ValueError(f"nat listener: {host!r} is not a volunteer name (letters, digits, '-', '_')")
+        if goblin_lab is None or goblin_dial is None:
+            raise ValueError("nat listener: needs the lab node's address and connection arguments")
+        self.name = host
+        self.port = port or random.randint(1024, 65535)
+        self.comm_handler = handle_comm
+        self.deserialize = deserialize
+        self.allow_offload = allow_offload
+        self.lab = goblin_lab
+        self.dial = goblin_dial
+        self.keepers: dict[str, asyncio.Task] = {}
+        self.serving: set[asyncio.Task] = set()
+        self.standby: set = set()
+        self._refresher: asyncio.Task | None = None
+
+    @property
+    def listen_address(self) -> str:
+        return f"nat://{self.name}:{self.port}"
+
+    contact_address = listen_address
+
+    def get_host_port(self):
+        return self.name, self.port
+
+    async def start(self) -> None:
+        self._keep(self.lab)
+        self._refresher = asyncio.create_task(self._refresh_endpoints())
+
+    def stop(self) -> None:
+        for task in [*self.keepers.values(), *self.serving, *([self._refresher] if self._refresher else [])]:
+            task.cancel()
+        for comm in list(self.standby):
+            comm.abort()
+        self.keepers.clear()
+
+    def _keep(self, endpoint: str) -> None:
+        if endpoint not in self.keepers:
+            self.keepers[endpoint] = asyncio.create_task(self._keep_standby(endpoint))
+
+    async def _refresh_endpoints(self) -> None:
+        """Follow the lab processes the scheduler names (a lab worker may join or restart)."""
+        from distributed.comm import connect
+
+        while True:
+            try:
+                comm = await connect(self.lab, timeout=10, **self.dial)
+                try:
+                    await comm.write({"op": "goblin_link_endpoints", "reply": True})
+                    found = await comm.read()
+                finally:
+                    comm.abort()
+                if isinstance(found, (list, tuple)):
+                    wanted = {e for e in found[:16] if isinstance(e, str) and e.startswith("tls://")} | {self.lab}
+                    for endpoint in wanted:
+                        self._keep(endpoint)
+                    for endpoint in set(self.keepers) - wanted:
+                        self.keepers.pop(endpoint).cancel()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.debug("could not refresh the lab's endpoints: %s", e)
+            await asyncio.sleep(_setting("refresh", 5.0))
+
+    async def _keep_standby(self, endpoint: str) -> None:
+        """Keep ``goblin.link.standby`` connections parked at ``endpoint``."""
+        from distributed.comm import connect
+
+        slots = asyncio.Semaphore(max(1, _setting("standby", 2)))
+        wait = 0.2
+        while True:
+            await slots.acquire()
+            try:
+                comm = await connect(endpoint, timeout=10, **self.dial)
+                await comm.write({"op": "goblin_standby", "address": self.contact_address})
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                slots.release()
+                logger.debug("standby connection to %s failed: %s; retrying in %.1f s", endpoint, e, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 30.0)
+                continue
+            task = asyncio.create_task(self._await_activation(comm, slots))
+            self.serving.add(task)
+            task.add_done_callback(self.serving.discard)
+            wait = 0.2
+
+    async def _await_activation(self, comm, slots: asyncio.Semaphore) -> None:
+        self.standby.add(comm)
+        opened = time.monotonic()
+        try:
+            msg = await comm.read()
+        except (CommClosedError, OSError):
+            msg = None
+        finally:
+            self.standby.discard(comm)
+            if time.monotonic() - opened < 1.0:
+                await asyncio.sleep(1.0)  # the lab closed it at once: do not hammer it
+            slots.release()
+        if msg != {"op": "goblin_activate"}:
+            comm.abort()
+            return
+        try:
+            await self.on_connection(comm)  # distributed's handshake, this end answering
+        except (CommClosedError, OSError):
+            return
+        await self.comm_handler(comm)
+
+
+def install_volunteer_side() -> None:
+    """Register the ``nat`` backend (the volunteer's listener that opens no socket)."""
+    backends["nat"] = NatBackend()

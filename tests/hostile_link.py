@@ -1,0 +1,50 @@
+"""A volunteer that answers the lab worker's fetches with a pickle that would run a command.
+
+Run as ``python -m tests.hostile_link --marker PATH ADDRESS --token ...``
+(``LabNode.add_volunteer(module="tests.hostile_link", extra_args=("--marker", PATH))``).
+It computes honestly, but every ``get_data`` answer carries, in place of the result, a
+pickled object whose ``__reduce__`` calls ``os.system("touch PATH")``: if the lab ever
+unpickled it, PATH would exist.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class Command:
+    """Unpickling this runs ``touch path`` (where a plain unpickler is used)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def main(argv: list[str]) -> None:
+    marker, rest = None, []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--marker":
+            marker = next(it)
+        else:
+            rest.append(arg)
+    if marker is None:
+        raise SystemExit("tests.hostile_link: --marker PATH is required")
+
+    from distributed import Worker
+    from distributed.protocol.serialize import ToPickle
+
+    async def get_data(self, comm, keys=(), who=None, serializers=None):
+        return {"status": "OK", "data": {k: ToPickle(Command(marker)) for k in keys}}
+
+    Worker.get_data = get_data
+    from goblin_dask.volunteer import main as volunteer_main
+
+    volunteer_main(rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

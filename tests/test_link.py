@@ -1,0 +1,274 @@
+"""The volunteer link, attacked and used: what the lab reads from a volunteer, and volunteers behind NAT.
+
+Every test runs a real lab node (scheduler, lab worker, volunteer processes) on 127.0.0.1
+over real TLS.  The hostile peer is this test process holding nothing but a volunteer
+credential from ``node.enroll()``, speaking distributed's protocol (or raw bytes) to the
+scheduler's and the lab worker's ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import struct
+
+import numpy as np
+import psutil
+import pytest
+from distributed.comm import connect
+from distributed.comm.core import CommClosedError
+from distributed.protocol.serialize import ToPickle
+
+import goblin_dask.array as ga
+from goblin_dask.lab import LabNode
+from goblin_dask.tls import Credential
+from tests.conftest import wait_for
+from tests.hostile_link import Command
+
+
+@pytest.fixture(scope="module")
+def node():
+    with LabNode.local(volunteers=2, dashboard=False) as node:
+        yield node
+
+
+def _volunteer(node) -> tuple[str, object]:
+    cred = Credential.decode(node.enroll())
+    return cred.name, cred.security()
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, port = address.split("://")[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def _refusal_of(node, name: str) -> str | None:
+    for record in [*node.report().get("bans", ()), *node.report().get("refusals", ())]:
+        if name in (record.get("name"), record.get("address")):
+            return record.get("reason", "")
+    return None
+
+
+def _banned(node, name: str) -> bool:
+    return name in node.keys.revoked()
+
+
+def _product_is_right(node, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 100))
+    got = (ga.from_array(a, chunks=100) @ ga.from_array(b, chunks=100)).compute()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-9, atol=1e-12)
+
+
+async def _send(address: str, security, *messages) -> str:
+    """Write ``messages`` on one connection; 'dropped' when the lab closes it, else its last answer."""
+    comm = await connect(address, **security.get_connection_args("worker"))
+    try:
+        answer = None
+        for msg in messages:
+            await comm.write(msg)
+            answer = await asyncio.wait_for(comm.read(), 20)
+        return repr(answer)
+    except (CommClosedError, OSError):
+        return "dropped"
+    finally:
+        comm.abort()
+
+
+# -- pickles ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ["scheduler", "lab worker"])
+def test_a_pickle_that_runs_a_command_is_refused_and_its_sender_banned(node, tmp_path, target):
+    marker = tmp_path / "pwned"
+    name, security = _volunteer(node)
+    address = node.address if target == "scheduler" else node.lab_worker_address()
+    evil = {"op": "identity", "reply": True, "payload": ToPickle(Command(str(marker)))}
+    assert node.client.sync(_send, address, security, evil) == "dropped"
+    wait_for(lambda: _banned(node, name), timeout=20, what=f"{name} banned")
+    assert not marker.exists(), "the lab unpickled a volunteer's object"
+    assert "posix.system" in _refusal_of(node, name)
+    _product_is_right(node, 1)  # everyone else is served
+
+
+def test_each_message_is_checked_not_only_the_first(node, tmp_path):
+    marker = tmp_path / "pwned"
+    name, security = _volunteer(node)
+    first = {"op": "identity", "reply": True}
+    evil = {"op": "identity", "reply": True, "payload": ToPickle(Command(str(marker)))}
+    assert node.client.sync(_send, node.address, security, first, evil) == "dropped"
+    wait_for(lambda: _banned(node, name), timeout=20, what=f"{name} banned")
+    assert not marker.exists()
+
+
+def test_an_exception_object_from_a_volunteer_is_refused_too(node):
+    """A volunteer's errors travel as text: the lab unpickles no exception class of a volunteer."""
+    name, security = _volunteer(node)
+    msg = {"op": "identity", "reply": True, "payload": ToPickle(ValueError("from a volunteer"))}
+    assert node.client.sync(_send, node.address, security, msg) == "dropped"
+    wait_for(lambda: _banned(node, name), timeout=20, what=f"{name} banned")
+    assert "refused pickle" in _refusal_of(node, name)
+
+
+def test_numbers_and_plain_containers_still_pass(node):
+    name, security = _volunteer(node)
+    plain = {"op": "identity", "reply": True, "payload": ToPickle({"a": np.arange(3.0), "b": (1, 2.5, [3])})}
+    assert node.client.sync(_send, node.address, security, plain) != "dropped"
+    assert not _banned(node, name)
+
+
+@pytest.mark.slow
+def test_a_get_data_answer_holding_a_pickle_is_refused(tmp_path):
+    """The lab worker fetches a volunteer's result: an answer that is a pickle of a command is refused,
+    its sender banned, the task computed elsewhere, and the researcher's numbers are numpy's."""
+    marker = tmp_path / "pwned"
+    with LabNode.local(volunteers=0, dashboard=False, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
+        hostile = lab.add_volunteer(module="tests.hostile_link", extra_args=("--marker", str(marker)))
+        lab.add_volunteer()
+        rng = np.random.default_rng(2)
+        a, b = rng.standard_normal((512, 256)), rng.standard_normal((256, 256))
+        got = (ga.from_array(a, chunks=128) @ ga.from_array(b, chunks=128)).compute()
+        np.testing.assert_allclose(got, a @ b, rtol=1e-9, atol=1e-12)
+        wait_for(lambda: _banned(lab, hostile), timeout=30, what=f"{hostile} banned")
+        assert "posix.system" in _refusal_of(lab, hostile)
+    assert not marker.exists(), "the lab worker unpickled a volunteer's answer"
+
+
+# -- malformed input -------------------------------------------------------------------------------
+
+async def _raw(address: str, security, payload: bytes, close_after: bool = False) -> str:
+    """Write raw bytes inside a TLS connection; 'dropped' when the lab closes it."""
+    host, port = _host_port(address)
+    ctx = security.get_connection_args("worker")["ssl_context"]
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        if close_after:
+            return "closed by us"
+        while True:
+            data = await asyncio.wait_for(reader.read(65536), 20)
+            if not data:
+                return "dropped"
+    except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        return "dropped"
+    except asyncio.TimeoutError:
+        return "still open"
+    finally:
+        writer.close()
+
+
+def _rss(node, part: str) -> int:
+    return psutil.Process(node.processes[part].pid).memory_info().rss
+
+
+def test_a_header_announcing_100_gb_allocates_nothing(node):
+    name, security = _volunteer(node)
+    before = _rss(node, "scheduler")
+    answer = node.client.sync(_raw, node.address, security, struct.pack("Q", 100 * 10**9) + b"x" * 64)
+    assert answer == "dropped"
+    assert _rss(node, "scheduler") - before < 100 * 2**20
+    assert "100000000000 bytes" in _refusal_of(node, name)
+    _product_is_right(node, 3)
+
+
+@pytest.mark.parametrize("how", ["random bytes", "random frames", "truncated"])
+def test_random_and_truncated_frames_drop_the_connection(node, how):
+    name, security = _volunteer(node)
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    if how == "random bytes":
+        payload, close = noise, False
+    elif how == "random frames":  # a valid size, then garbage where frames are expected
+        payload, close = struct.pack("Q", len(noise)) + noise, False
+    else:  # announces 4096 bytes, sends 100, hangs up
+        payload, close = struct.pack("Q", 4096) + noise[:100], True
+    for address in (node.address, node.lab_worker_address()):
+        answer = node.client.sync(_raw, address, security, payload, close)
+        assert answer in ("dropped", "closed by us"), answer
+    _product_is_right(node, 4)
+
+
+@pytest.mark.slow
+def test_a_thousand_connections_from_one_volunteer_cost_the_lab_nothing_lasting(node):
+    name, security = _volunteer(node)
+    host, port = _host_port(node.address)
+    ctx = security.get_connection_args("worker")["ssl_context"]
+    before = _rss(node, "scheduler")
+
+    async def flood(n: int) -> int:
+        async def one():
+            try:
+                reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+            except (OSError, ssl.SSLError):
+                return None
+            return reader, writer
+
+        conns = [c for c in await asyncio.gather(*(one() for _ in range(n))) if c is not None]
+
+        async def still_open(reader) -> bool:
+            try:
+                return bool(await asyncio.wait_for(reader.read(1), 3)) or False
+            except asyncio.TimeoutError:
+                return True
+            except (ConnectionError, ssl.SSLError):
+                return False
+
+        alive = sum(await asyncio.gather(*(still_open(r) for r, _ in conns)))
+        for _, writer in conns:
+            writer.close()
+        return alive
+
+    alive = node.client.sync(flood, 1000)
+    assert alive <= 32, f"{alive} connections of one volunteer stayed open"
+    assert _rss(node, "scheduler") - before < 200 * 2**20
+    _product_is_right(node, 5)
+
+
+# -- volunteers behind NAT -------------------------------------------------------------------------
+
+def _listening(pid: int) -> list:
+    return [c for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_LISTEN]
+
+
+def test_volunteers_open_no_listening_socket(node):
+    addresses = node.volunteer_addresses()
+    assert len(addresses) >= 2
+    for name, address in addresses.items():
+        assert address.startswith(f"nat://{name}:"), address
+        assert _listening(node.processes[name].pid) == [], f"{name} listens"
+    # ... and yet the lab reaches them: products and random blocks, verified.
+    _product_is_right(node, 6)
+    r = ga.random.standard_normal((400, 300), chunks=100, seed=11)
+    x = r.compute()
+    np.testing.assert_array_equal(x, r.compute())  # the same seed gives the same numbers, wherever computed
+    assert x.shape == (400, 300) and abs(float(x.mean())) < 0.05
+    report = node.report()
+    assert sum(report["volunteers"][n]["accepted"] for n in addresses) > 0
+
+
+def test_a_standby_connection_under_another_name_is_refused(node):
+    victim = next(iter(node.volunteer_addresses().values()))
+    name, security = _volunteer(node)
+    offer = {"op": "goblin_standby", "address": victim}
+    assert node.client.sync(_send, node.lab_worker_address(), security, offer) == "dropped"
+    wait_for(lambda: _banned(node, name), timeout=20, what=f"{name} banned")
+    assert "not its own name" in _refusal_of(node, name)
+    _product_is_right(node, 8)  # the victim still serves its results
+
+
+@pytest.mark.slow
+def test_a_volunteer_killed_mid_product_loses_nothing(tmp_path):
+    with LabNode.local(volunteers=3, dashboard=False, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
+        for name in lab.volunteer_names():
+            assert _listening(lab.processes[name].pid) == []
+        rng = np.random.default_rng(9)
+        a, b = rng.standard_normal((1024, 512)), rng.standard_normal((512, 512))
+        product = ga.from_array(a, chunks=128) @ ga.from_array(b, chunks=128)
+        future = lab.client.compute(product)
+        victim = lab.volunteer_names()[0]
+        wait_for(lambda: lab.report()["volunteers"].get(victim, {}).get("accepted", 0) >= 1, timeout=120,
+                 what=f"{victim} computed something")
+        lab.kill_volunteer(victim)
+        np.testing.assert_allclose(future.result(timeout=300), a @ b, rtol=1e-9, atol=1e-12)
+        assert victim not in lab.volunteer_names()
