@@ -54,12 +54,15 @@ def node(host, port, dashboard_port, no_dashboard, state_dir):
 @click.option("--nthreads", default=2, type=int)
 @click.option("--memory-limit", default="auto")
 @click.option("--host", default=None)
-def lab_worker(address, credential, nthreads, memory_limit, host):
+@click.option("--port", default=0, type=int,
+              help="port volunteers reach it on (their standby connections; open it in the lab's firewall)")
+def lab_worker(address, credential, nthreads, memory_limit, host, port):
     """Run the trusted lab worker (started by the lab node)."""
     from goblin_dask.lab import run_async, serve_lab_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin lab-worker %(levelname)s %(message)s")
-    run_async(serve_lab_worker(address, credential, nthreads=nthreads, memory_limit=memory_limit, host=host))
+    run_async(serve_lab_worker(address, credential, nthreads=nthreads, memory_limit=memory_limit, host=host,
+                               port=port))
 
 
 @main.command()

@@ -89,7 +89,7 @@ def _dashboard_link(scheduler, host: str) -> str | None:
 
 
 async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memory_limit, host: str | None,
-                           local_directory: str | None = None) -> None:
+                           local_directory: str | None = None, port: int = 0) -> None:
     """Run the trusted lab worker: it holds the lab's data and runs glue and checks."""
     from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS
     from goblin_dask.tls import Credential
@@ -109,6 +109,7 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
 
     threadpoolctl.threadpool_limits(limits=1)
     worker = _lab_worker_class()(address, nthreads=nthreads, name=LAB_WORKER_NAME, memory_limit=memory_limit, host=host,
+                    port=port,
                     resources={LAB_RESOURCE: LAB_SLOTS}, local_directory=local_directory,
                     security=cred.security(),
                     startup_information={"goblin": lambda w: {"credential": cred.token}})
@@ -140,7 +141,11 @@ def _lab_worker_class():
     from collections import OrderedDict
 
     from distributed import Worker
-    from distributed.worker_state_machine import GatherDepSuccessEvent
+    from distributed.worker_state_machine import (
+        GatherDepFailureEvent,
+        GatherDepNetworkFailureEvent,
+        GatherDepSuccessEvent,
+    )
 
     from goblin_dask.validation.checks import is_unverified_key
 
@@ -151,6 +156,16 @@ def _lab_worker_class():
 
         async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
             event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+            if isinstance(event, GatherDepFailureEvent) and worker.startswith("nat://"):
+                # a volunteer that answers a fetch with an error is not believed again (its tasks go
+                # elsewhere once it is banned); the fetch counts as a lost connection, not as an error
+                # of the lab's task
+                from goblin_dask.link import refuse
+
+                refuse(worker[len("nat://"):].rsplit(":", 1)[0],
+                       f"answered the lab worker's fetch with an error: {str(event.exception_text)[:200]}")
+                return GatherDepNetworkFailureEvent(worker=worker, total_nbytes=total_nbytes,
+                                                    stimulus_id=f"goblin-refused-{time.time()}")
             if isinstance(event, GatherDepSuccessEvent):
                 for key in event.data:
                     if is_unverified_key(key):

@@ -239,8 +239,8 @@ class VolunteerComm(TLS):
 
         try:
             if sum(map(nbytes, frames)) > 10_000_000:
-                return await offload(decode)
-            return decode()
+                return text_errors_only(await offload(decode), self.volunteer)
+            return text_errors_only(decode(), self.volunteer)
         except Refused as e:
             self._refuse(e)
         except Exception as e:  # a refused pickle, random bytes, a wrong structure ...
@@ -255,6 +255,22 @@ class VolunteerComm(TLS):
         refuse(self.volunteer, refusal.reason, refusal.ban)
         self.abort()
         raise CommClosedError(f"goblin lab: refused volunteer {self.volunteer}: {refusal.reason}")
+
+
+def text_errors_only(msg: Any, volunteer: str) -> Any:
+    """A volunteer's errors as text: distributed unpickles ``exception``/``traceback`` bytes later,
+    outside this comm (``clean_exception``, a researcher's client), and ``task-finished``'s ``type``."""
+    for part in msg if isinstance(msg, (list, tuple)) else (msg,):
+        if not isinstance(part, dict):
+            continue
+        if part.get("exception") is not None and not isinstance(part["exception"], str):
+            text = part.get("exception_text")
+            part["exception"] = text if isinstance(text, str) and text else f"an error on volunteer {volunteer}"
+        if part.get("traceback") is not None and not isinstance(part["traceback"], str):
+            part["traceback"] = None
+        if part.get("op") == "task-finished" and part.get("type") is not None:
+            part["type"] = None
+    return msg
 
 
 def _comm_for(stream, local_addr: str, peer_addr: str, deserialize: bool = True):

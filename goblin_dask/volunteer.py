@@ -161,6 +161,7 @@ def prepare_process(gpu: bool | None) -> str:
     numba.set_num_threads(1)
     threadpoolctl.threadpool_limits(limits=1)  # BLAS and OpenMP; stays for the process (not a context)
     safe_pickle.install()
+    text_errors()
     from goblin_dask import ops
 
     backend = "cpu"
@@ -177,6 +178,21 @@ def prepare_process(gpu: bool | None) -> str:
     compiled = ops.warm_up()
     logger.info("catalog ready: %d ops, %d numba kernels compiled, backend %s", len(ops.catalog()), compiled, backend)
     return backend
+
+
+def text_errors() -> None:
+    """Errors this volunteer reports travel as text (the lab reads no exception object of a volunteer)."""
+    import distributed.core as core
+    import distributed.worker as worker
+    import distributed.worker_state_machine as wsm
+
+    pickled = core.error_message
+
+    def error_message(e, status="error"):
+        msg = pickled(e, status=status)
+        return {**msg, "exception": str(msg.get("exception_text") or type(e).__name__), "traceback": None}
+
+    core.error_message = worker.error_message = wsm.error_message = error_message
 
 
 async def _reachable(address: str, connection_args: dict, timeout: float) -> str | None:

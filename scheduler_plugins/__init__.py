@@ -20,6 +20,7 @@ from scheduler_plugins.exposure import ExposurePlugin
 from scheduler_plugins.faults import FaultPlugin
 from scheduler_plugins.minimization import MinimizationPlugin
 from scheduler_plugins.signin import install_signin
+from scheduler_plugins.stream_guard import StreamGuardPlugin
 from scheduler_plugins.verification import VerificationLedger
 
 
@@ -29,18 +30,44 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
         return {n: p for n, p in scheduler.plugins.items() if n.startswith("goblin-")}
     keys = LabKeys(state_dir)
     admission = AdmissionPlugin(scheduler, keys)
+    stream_guard = StreamGuardPlugin(scheduler, admission)  # what volunteers may say on their worker stream
     catalog_only = CatalogOnlyPlugin(scheduler, admission)
     minimization = MinimizationPlugin(scheduler)  # after placement: it judges what volunteers get
     ledger = VerificationLedger(scheduler, admission, max_rejections=int(dask.config.get("goblin.max-rejections", 2)))
     exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
-    for plugin in (admission, catalog_only, minimization, ledger, exposure, faults):
+    no_replicas(scheduler)
+    for plugin in (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults):
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
     if "dashboard" in scheduler.services:  # researcher sign-in pages, on the dashboard port only
         install_dashboard_guard(scheduler, install_signin(scheduler, state_dir))  # the guard: after every route
     admission.authorize_handlers()  # last: it wraps the handlers the others installed
-    return {p.name: p for p in (admission, catalog_only, minimization, ledger, exposure, faults)}
+    return {p.name: p for p in (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults)}
+
+
+def no_replicas(scheduler) -> None:
+    """Nothing copies the lab's data around: the lab worker holds the only verified copy.
+
+    distributed's active memory manager would drop replicas it judges redundant and ask
+    workers (volunteers included) to acquire others; ``retire_workers`` moves a retiring
+    worker's data onto the others (volunteers included).  Both are off on a lab node
+    (``replicate`` and ``rebalance``: see :mod:`scheduler_plugins.catalog_only`).
+    """
+    amm = scheduler.extensions.get("amm")
+    if amm is not None:
+        amm.stop()
+        del scheduler.extensions["amm"]
+
+    def refused(op: str, why: str):
+        def handler(*args, **kwargs):
+            raise PermissionError(f"goblin lab node refuses '{op}': {why}")
+
+        return handler
+
+    scheduler.handlers["amm_handler"] = refused("amm_handler", "the active memory manager is off on a lab node")
+    scheduler.handlers["retire_workers"] = refused(
+        "retire_workers", "it copies a worker's data onto other workers, volunteers included (use goblin revoke)")
 
 
 def dask_setup(scheduler) -> None:

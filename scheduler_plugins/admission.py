@@ -3,7 +3,8 @@
 Every peer is authenticated by mutual TLS under the lab's CA; its certificate names
 its role and name (:func:`goblin_dask.tls.peer_identity`).  Each scheduler handler is
 wrapped to check that role: volunteers may only register and heartbeat
-(:data:`VOLUNTEER_HANDLERS`), researchers may not call admin handlers, and no
+(:data:`VOLUNTEER_HANDLERS`), researchers only what a ``distributed.Client`` needs
+(:data:`RESEARCHER_HANDLERS`, an allow-list), and no
 certificate means no handler at all.  A worker also presents its signed admission
 token (``extra["goblin"]["credential"]`` of ``register-worker``), which must name the
 same holder as its certificate.  The lab's trusted worker holds a ``lab`` credential,
@@ -34,6 +35,25 @@ VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has"
 ADMIN_HANDLERS = frozenset({"goblin_revoke", "goblin_refuse_volunteer", "terminate", "restart", "restart_workers", "retire_workers"})
 #: Roles allowed to open a client session.
 CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
+#: The scheduler handlers a researcher's connection may call: what a ``distributed.Client``
+#: needs to compute, gather, scatter (to the lab worker), publish, coordinate (variables,
+#: queues, events, locks, semaphores) and read its own progress, plus the goblin read-only
+#: handlers.  An allow-list: a handler added later is closed to researchers until listed here.
+RESEARCHER_HANDLERS = frozenset({
+    # session and cluster overview
+    "register-client", "identity", "versions", "ncores", "ncores_running", "who_has", "has_what", "nbytes",
+    "processing",
+    # computing
+    "gather", "scatter", "retry", "broadcast", "get_task_status", "get_task_stream", "get_metadata",
+    "start_task_metadata", "stop_task_metadata", "events", "log_event",
+    # published datasets and coordination primitives
+    "publish_list", "publish_put", "publish_get", "publish_delete", "variable_set", "variable_get",
+    "queue_create", "queue_put", "queue_get", "queue_qsize", "event_wait", "event_set", "event_clear",
+    "event_is_set", "semaphore_register", "semaphore_acquire", "semaphore_release", "semaphore_close",
+    "semaphore_refresh_leases", "semaphore_value", "multi_lock_acquire", "multi_lock_release",
+    # goblin, read-only
+    "goblin_report",
+})
 
 
 class AdmissionPlugin(SchedulerPlugin):
@@ -46,6 +66,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.names: dict[str, str] = {}  # worker address -> credential name
         self.banned: set[str] = set()  # names banned in this node's lifetime
         self.refusals: list[dict[str, str]] = []
+        #: every ban, first one per name: {"name", "reason", "time"} (the report's ``bans``)
+        self.bans: list[dict[str, Any]] = []
 
         self._add_worker = scheduler.handlers["register-worker"]
         scheduler.handlers["register-worker"] = self.register_worker
@@ -53,6 +75,7 @@ class AdmissionPlugin(SchedulerPlugin):
         self._heartbeat = scheduler.handlers["heartbeat_worker"]
         scheduler.handlers["heartbeat_worker"] = self.heartbeat_worker
         scheduler.handlers["goblin_revoke"] = self.revoke_handler
+        scheduler.handlers["goblin_ban"] = self.ban_handler
         scheduler.handlers["goblin_workers"] = self.workers_handler
 
     # -- queries -----------------------------------------------------------------
@@ -90,8 +113,15 @@ class AdmissionPlugin(SchedulerPlugin):
         return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},
                                       resources=slots, nthreads=nthreads, **kwargs)
 
-    def heartbeat_worker(self, *, address: str, resources: dict | None = None, **kwargs):
+    def heartbeat_worker(self, comm, *, address: str, resources: dict | None = None, **kwargs):
         # Resources come from the role at admission; a heartbeat may not change them.
+        peer = peer_identity(comm)
+        if peer is not None and peer[0] == "volunteer":
+            named = self.names.get(address)
+            if named is not None and named != peer[1]:  # a volunteer heartbeats for itself only
+                reason = f"sent a heartbeat for another worker ({named} at {address})"
+                self.ban(peer[1], reason)
+                raise PermissionError(f"goblin lab node: {reason}")
         return self._heartbeat(address=address, **kwargs)
 
     def refuse_set_resources(self, *args, **kwargs):
@@ -99,6 +129,13 @@ class AdmissionPlugin(SchedulerPlugin):
 
     def revoke_handler(self, name: str) -> dict:
         return {"closed": self.revoke(name)}
+
+    def ban_handler(self, comm, name: str, reason: str = "") -> dict:
+        """``goblin_ban``: the lab's own processes (and the admin) ban a volunteer, with the reason."""
+        peer = peer_identity(comm)
+        if peer is None or peer[0] not in ("lab", "admin"):
+            raise PermissionError("goblin lab node: only the lab and its admin ban volunteers")
+        return {"closed": self.ban(str(name), str(reason) or f"banned by {peer[0]} {peer[1]}")}
 
     def workers_handler(self) -> dict:
         return {a: {"role": self.roles[a], "name": self.names[a]} for a in self.scheduler.workers if a in self.roles}
@@ -125,10 +162,17 @@ class AdmissionPlugin(SchedulerPlugin):
         """The comm layer refused bytes from volunteer ``name`` (:mod:`goblin_dask.link`): record it, ban it."""
         self.refusals.append({"address": name, "reason": reason})
         if ban:
-            if hasattr(self, "ban"):
-                self.ban(name, reason)
-            else:
-                self.revoke(name, ban=True)
+            self.ban(name, reason)
+
+    def ban(self, name: str, reason: str) -> list[str]:
+        """Ban volunteer ``name``: revoke its credential, refuse it from now on, disconnect it.
+
+        The ban is recorded once, with its reason (``report()["bans"]``); returns the closed addresses.
+        """
+        if name not in self.banned:
+            self.bans.append({"name": name, "reason": reason, "time": time.time()})
+            logger.warning("banned volunteer %s: %s", name, reason)
+        return self.revoke(name, ban=True)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.roles.pop(worker, None)
@@ -139,7 +183,7 @@ def _role_may_call(role: str | None, op: str) -> bool:
     if role in ("admin", "lab"):
         return True
     if role == "researcher":
-        return op not in ADMIN_HANDLERS and op != "register-worker"
+        return op in RESEARCHER_HANDLERS
     if role == "volunteer":
         return op in VOLUNTEER_HANDLERS
     return False

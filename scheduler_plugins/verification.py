@@ -33,7 +33,7 @@ import logging
 import random
 import secrets
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,8 @@ logger = logging.getLogger("goblin_dask.verification")
 
 #: Verdicts arriving after the scheduler forgot the result still find who computed it.
 _FORGOTTEN_KEPT = 100_000
+#: Rejections listed in the report (the oldest are dropped first).
+_REJECTIONS_KEPT = 1000
 
 
 @dataclass
@@ -122,6 +124,8 @@ class VerificationLedger(SchedulerPlugin):
         self.reissued = 0
         self.by_method: Counter[str] = Counter()
         self.volunteers: dict[str, VolunteerRecord] = {}
+        #: the latest rejections, each with its volunteer, key, method and reason
+        self.rejections: deque[dict[str, Any]] = deque(maxlen=_REJECTIONS_KEPT)
         self._busy_since: dict[str, float] = {}
         self._rng = random.Random(secrets.randbits(64))
         self._deadlines: PeriodicCallback | None = None
@@ -196,12 +200,15 @@ class VerificationLedger(SchedulerPlugin):
             return
         self.check_seconds += float(seconds)
         self.check_cpu_seconds += float(cpu_seconds)
-        for key, method, accepted, *source in verdicts:
-            name = self.addresses.get(source[0]) if source and source[0] else None
-            self.on_verdict(as_key(key), str(method), bool(accepted), name=name)
+        for key, method, accepted, *rest in verdicts:
+            source = rest[0] if rest else None
+            reason = str(rest[1]) if len(rest) > 1 and rest[1] else ""
+            name = self.addresses.get(source) if source else None
+            self.on_verdict(as_key(key), str(method), bool(accepted), name=name, reason=reason)
 
-    def on_verdict(self, key, method: str, accepted: bool, name: str | None = None) -> None:
-        """``name``: the volunteer whose bytes were checked, when the lab worker knows it."""
+    def on_verdict(self, key, method: str, accepted: bool, name: str | None = None, reason: str = "") -> None:
+        """``name``: the volunteer whose bytes were checked, when the lab worker knows it;
+        ``reason``: why the result was rejected."""
         name = name or self._who(key)
         self.by_method[method] += 1
         self.replicas.pop(key, None)
@@ -216,11 +223,13 @@ class VerificationLedger(SchedulerPlugin):
             return
         record.rejected += 1
         record.trust = 0
-        logger.warning("rejected result %r of volunteer %s (%s)", key, name, method)
+        reason = reason or f"failed the {method} check"
+        self.rejections.append({"volunteer": name, "key": repr(key)[:200], "method": method, "reason": reason,
+                                "time": time.time()})
+        logger.warning("rejected result %r of volunteer %s (%s): %s", key, name, method, reason)
         if record.rejected >= self.max_rejections and not record.banned:
             record.banned = True
-            logger.warning("banned volunteer %s after %d rejected results", name, record.rejected)
-            self.admission.revoke(name, ban=True)
+            self.admission.ban(name, f"{record.rejected} rejected results (last: {reason})")
 
     def policy_handler(self, comm, key=None) -> dict:
         if (peer_identity(comm) or ("",))[0] != "lab":
@@ -269,6 +278,9 @@ class VerificationLedger(SchedulerPlugin):
             self._busy_since[addr] = now
 
     # -- report --------------------------------------------------------------------
+    def _bans(self) -> list[dict[str, Any]]:
+        return [dict(b) for b in getattr(self.admission, "bans", ())]
+
     def report(self) -> dict[str, Any]:
         accepted = sum(v.accepted for v in self.volunteers.values())
         rejected = sum(v.rejected for v in self.volunteers.values())
@@ -278,16 +290,20 @@ class VerificationLedger(SchedulerPlugin):
             "accepted": accepted,
             "rejected": rejected,
             "by_method": dict(self.by_method),
-            "volunteers": {n: vars(v).copy() for n, v in sorted(self.volunteers.items())},
+            "volunteers": {n: {**vars(v), "banned": v.banned or n in getattr(self.admission, "banned", ())}
+                           for n, v in sorted(self.volunteers.items())},
             "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,
             "reissued": self.reissued,
             "failed": sum(v.failed for v in self.volunteers.values()),
             # each failure, crash and cooldown, with the volunteer's name and why (scheduler_plugins.faults)
             "faults": faults.report() if (faults := self.scheduler.plugins.get("goblin-faults")) else {},
-            # each refused worker and each ban, with the reason
+            # each refused worker or message and each ban, with the reason
             "refusals": [{"kind": "refused", **r} for r in getattr(self.admission, "refusals", ())]
-            + [{"kind": "banned", "volunteer": n, "reason": f"{v.rejected} rejected results"}
-               for n, v in sorted(self.volunteers.items()) if v.banned],
+            + [{"kind": "banned", "volunteer": b["name"], "reason": b["reason"]} for b in self._bans()],
+            # each ban ({"name", "reason", "time"}): rejected results, refused stream messages, the lab's refusals
+            "bans": self._bans(),
+            # the latest rejected results, with the reason
+            "rejections": [dict(r) for r in self.rejections],
             # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)
             "exposure": exposure.report() if (exposure := self.scheduler.plugins.get("goblin-exposure")) else {},
             "seconds": {"compute": self.compute_seconds, "check": self.check_seconds,

@@ -93,6 +93,7 @@ def rogue_node(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file),
+                              "--preload", "tests.rogue_preload",
                               "--protocol", "tls", "--tls-ca-file", str(tmp_path / "node-ca.pem"),
                               "--tls-cert", str(tmp_path / "node-cert.pem"), "--tls-key", str(tmp_path / "node-key.pem")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -104,7 +105,7 @@ def rogue_node(tmp_path):
         token = issue_credential(state, "volunteer", "victim").encode()
         with open(log, "wb") as f:
             vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address,
-                                    "--token", token, "--host", "127.0.0.1"],
+                                    "--token", token],
                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs.append(vol)
         wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")

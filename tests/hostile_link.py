@@ -1,10 +1,11 @@
 """A volunteer that answers the lab worker's fetches with a pickle that would run a command.
 
-Run as ``python -m tests.hostile_link --marker PATH ADDRESS --token ...``
+Run as ``python -m tests.hostile_link --marker PATH [--as-error] ADDRESS --token ...``
 (``LabNode.add_volunteer(module="tests.hostile_link", extra_args=("--marker", PATH))``).
 It computes honestly, but every ``get_data`` answer carries, in place of the result, a
 pickled object whose ``__reduce__`` calls ``os.system("touch PATH")``: if the lab ever
-unpickled it, PATH would exist.
+unpickled it, PATH would exist.  ``--as-error``: the answer is an error whose ``exception``
+is those pickle bytes (distributed's ``clean_exception`` unpickles such bytes after the read).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ class Command:
 
 
 def main(argv: list[str]) -> None:
-    marker, rest = None, []
+    marker, as_error, rest = None, False, []
     it = iter(argv)
     for arg in it:
         if arg == "--marker":
             marker = next(it)
+        elif arg == "--as-error":
+            as_error = True
         else:
             rest.append(arg)
     if marker is None:
@@ -38,6 +41,11 @@ def main(argv: list[str]) -> None:
     from distributed.protocol.serialize import ToPickle
 
     async def get_data(self, comm, keys=(), who=None, serializers=None):
+        if as_error:
+            import pickle
+
+            return {"status": "error", "exception": pickle.dumps(Command(marker)), "traceback": None,
+                    "exception_text": "no", "traceback_text": ""}
         return {"status": "OK", "data": {k: ToPickle(Command(marker)) for k in keys}}
 
     Worker.get_data = get_data

@@ -118,19 +118,22 @@ def test_numbers_and_plain_containers_still_pass(node):
 
 
 @pytest.mark.slow
-def test_a_get_data_answer_holding_a_pickle_is_refused(tmp_path):
-    """The lab worker fetches a volunteer's result: an answer that is a pickle of a command is refused,
-    its sender banned, the task computed elsewhere, and the researcher's numbers are numpy's."""
+@pytest.mark.parametrize("as_error", [False, True], ids=["as data", "as error bytes"])
+def test_a_get_data_answer_holding_a_pickle_is_refused(tmp_path, as_error):
+    """The lab worker fetches a volunteer's result: an answer that is a pickle of a command (as the data,
+    or as an error's exception bytes, which distributed unpickles after the read) is refused, its sender
+    banned, the task computed elsewhere, and the researcher's numbers are numpy's."""
     marker = tmp_path / "pwned"
+    extra = ("--marker", str(marker), *(("--as-error",) if as_error else ()))
     with LabNode.local(volunteers=0, dashboard=False, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
-        hostile = lab.add_volunteer(module="tests.hostile_link", extra_args=("--marker", str(marker)))
+        hostile = lab.add_volunteer(module="tests.hostile_link", extra_args=extra)
         lab.add_volunteer()
         rng = np.random.default_rng(2)
         a, b = rng.standard_normal((512, 256)), rng.standard_normal((256, 256))
         got = (ga.from_array(a, chunks=128) @ ga.from_array(b, chunks=128)).compute()
         np.testing.assert_allclose(got, a @ b, rtol=1e-9, atol=1e-12)
         wait_for(lambda: _banned(lab, hostile), timeout=30, what=f"{hostile} banned")
-        assert "posix.system" in _refusal_of(lab, hostile)
+        assert ("with an error" if as_error else "posix.system") in _refusal_of(lab, hostile)
     assert not marker.exists(), "the lab worker unpickled a volunteer's answer"
 
 

@@ -83,11 +83,50 @@ def _refs(args: tuple) -> tuple:
 
 def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict, method: str | None = None,
            refs: tuple = ()) -> Any:
-    """Lab worker: verify a volunteer's result; return it, or the lab's recomputation."""
+    """Lab worker: verify a volunteer's result; return it, or the lab's recomputation.
+
+    A result that is not a numeric ``numpy.ndarray`` of the shape and dtype the catalog's
+    rules predict for the task (:func:`result_form_violation`) is rejected before any check
+    runs, with the reason, and the lab's own result is used.
+    """
     check = _Check(raw_key, op, operands, params, refs)
-    out = check.run(result, method or op.verify)
+    method = method or op.verify
+    why = result_form_violation(result, op, operands, params) if _worker() is not None else None
+    if why is not None:
+        logger.warning("rejected result %r: %s", raw_key, why)
+        check.verdict(raw_key, _method_name(method), False, why)
+        out = check.lab_result()
+    else:
+        out = check.run(result, method)
     publish_verdicts(check.verdicts, check.seconds, check.cpu_seconds)
     return out
+
+
+def _method_name(method: str) -> str:
+    return method if method in METHODS else "recompute"
+
+
+def result_form_violation(result: Any, op: OpSpec, operands: tuple, params: dict) -> str | None:
+    """Why ``result`` cannot be the result of ``op`` on ``operands``, or None.
+
+    Accepted: a ``numpy.ndarray`` (not a subclass) of a numeric or boolean dtype, with the
+    shape and dtype of ``op.abstract_eval`` (its shape and dtype rules).  When the rules
+    cannot say (operands they refuse), only the type is checked: the lab's recomputation
+    will fail the same way.
+    """
+    if type(result) is not np.ndarray:
+        return f"the result is a {type(result).__module__}.{type(result).__qualname__}, not a numpy array"[:200]
+    if result.dtype.kind not in "biufc":
+        return f"the result's dtype {result.dtype} is not numeric"
+    try:
+        expected = op.abstract_eval(*operands, **params)
+    except Exception:  # the operands themselves are bad: the lab's own computation says so
+        return None
+    if tuple(result.shape) != tuple(expected.shape):
+        return f"the result's shape {tuple(result.shape)} is not {tuple(expected.shape)}"
+    if result.dtype != expected.dtype:
+        return f"the result's dtype {result.dtype} is not {expected.dtype}"
+    return None
 
 
 class _Check:
@@ -101,9 +140,9 @@ class _Check:
         #: the volunteer whose bytes are checked (the lab worker noted the peer it fetched them from)
         self.source = getattr(_worker(), "goblin_fetched_from", {}).get(raw_key)
 
-    def verdict(self, key: Any, method: str, accepted: bool) -> None:
+    def verdict(self, key: Any, method: str, accepted: bool, reason: str = "") -> None:
         source = self.source if key == self.raw_key else None  # a replica: the ledger knows who computed it
-        self.verdicts.append((key, method, bool(accepted), source))
+        self.verdicts.append((key, method, bool(accepted), source, reason))
 
     def run(self, result: Any, method: str) -> Any:
         if method == "freivalds":
@@ -164,6 +203,11 @@ class _Check:
             return result
         if policy.get("replica") is not None:
             second = self.compute_replica(policy["replica"], float(policy.get("timeout", 600)))
+            why = result_form_violation(second, self.op, self.operands, self.params) if second is not None else None
+            if why is not None:  # the replica's volunteer sent no result of this task: rejected, the lab decides
+                logger.warning("rejected replica %r: %s", policy["replica"], why)
+                self.verdict(policy["replica"], "replica", False, why)
+                second = None
             if second is not None:
                 return self.compare_replicas(result, policy["replica"], second)
             return self.recompute(result, "recompute")  # no replica in time: the lab decides alone

@@ -1,0 +1,138 @@
+"""Hostile volunteers: goblin volunteers that lie on their worker stream, or return results of the wrong form.
+
+Run as ``python -m tests.hostile --attack KIND [--target KEY] [--lab ADDRESS] [--victim ADDRESS]
+[--trigger PATH] ADDRESS --token ...`` (``LabNode.add_volunteer(module="tests.hostile",
+extra_args=...)``), like :mod:`tests.cheaters`: everything else is the real volunteer agent,
+which joins over TLS with its credential and computes honestly until the attack.
+
+Stream attacks (sent through the volunteer's own batched stream, once PATH exists, or at once
+without ``--trigger``):
+
+* ``add-keys-steal``: puts a number of its own under KEY, announces it holds KEY
+  (``add-keys``), then releases KEY on behalf of the lab worker (``release-worker-data`` naming
+  ADDRESS): on a plain scheduler it becomes KEY's only holder and the researcher reads its number;
+* ``forge-verdict``: ``task-finished`` messages for the lab task KEY naming the lab worker, with
+  ``goblin-verdicts`` metadata rejecting two results of the volunteer at ``--victim`` (the
+  run id is unknown, so it sprays them: each wrong guess makes the scheduler rerun KEY with
+  the next run id, two guesses on it catches up);
+* ``pause-lab-worker``: ``worker-status-change`` to ``paused`` naming the lab worker;
+* ``foreign-task-finished``: puts a number of its own under KEY and sprays ``task-finished``
+  for KEY (a task it was never given): on a plain scheduler it becomes one of KEY's holders.
+
+Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
+float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
+of float64, or float64 instead of anything else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import numpy as np
+
+STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished")
+RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
+#: The number a stealing volunteer puts under the key.
+FAKE = -12345.0
+SPRAY = 4000
+
+logger = logging.getLogger("tests.hostile")
+
+
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
+    opts = {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None}
+    rest = []
+    it = iter(argv)
+    for arg in it:
+        if arg.startswith("--") and arg[2:] in opts:
+            opts[arg[2:]] = next(it)
+        else:
+            rest.append(arg)
+    if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS:
+        raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS}")
+    return opts, rest
+
+
+def wrong_result(kind: str, out):
+    if kind == "result-list":
+        return np.asarray(out).tolist()
+    if kind == "result-scalar":
+        return float(np.asarray(out).ravel()[0]) if np.size(out) else 0.0
+    if kind == "result-shape":
+        out = np.asarray(out)
+        return np.ascontiguousarray(out.T) if out.ndim == 2 and out.shape[0] != out.shape[1] else out.reshape(-1)[:-1]
+    if kind == "result-dtype":
+        out = np.asarray(out)
+        return out.astype(np.float32 if out.dtype == np.float64 else np.float64)
+    raise ValueError(kind)
+
+
+def stream_messages(worker, opts: dict) -> list[dict]:
+    """The forged messages of a stream attack."""
+    kind, key, lab = opts["attack"], opts["target"], opts["lab"]
+    if kind == "add-keys-steal":
+        worker.data[key] = np.float64(FAKE)
+        return [{"op": "add-keys", "keys": [key], "stimulus_id": "hostile-add"},
+                {"op": "release-worker-data", "key": key, "worker": lab, "stimulus_id": "hostile-release"}]
+    if kind == "pause-lab-worker":
+        return [{"op": "worker-status-change", "status": "paused", "worker": lab, "stimulus_id": "hostile-pause"}]
+    if kind == "forge-verdict":
+        verdicts = [[f"unverified-matmul-forged-{i}", "freivalds", False, opts["victim"]] for i in range(2)]
+        metadata = {"goblin-verdicts": {"seconds": 0.0, "cpu_seconds": 0.0, "verdicts": verdicts}}
+        return [{"op": "task-finished", "key": key, "run_id": 2 * i, "worker": lab, "nbytes": 8, "type": None,
+                 "typename": "float", "metadata": metadata, "thread": None, "startstops": [],
+                 "stimulus_id": f"hostile-forge-{i}"} for i in range(SPRAY)]
+    if kind == "foreign-task-finished":
+        worker.data[key] = np.float64(FAKE)
+        return [{"op": "task-finished", "key": key, "run_id": i, "nbytes": 8, "type": None, "typename": "float64",
+                 "metadata": {}, "thread": None, "startstops": [], "stimulus_id": f"hostile-finished-{i}"}
+                for i in range(SPRAY)]
+    raise ValueError(kind)
+
+
+def main(argv: list[str]) -> None:
+    opts, rest = parse(argv)
+    kind = opts["attack"]
+    if kind in RESULT_ATTACKS:
+        from goblin_dask.ops.spec import OpSpec
+
+        honest_call = OpSpec.__call__
+
+        def hostile_call(self, *args, **params):
+            return wrong_result(kind, honest_call(self, *args, **params))
+
+        OpSpec.__call__ = hostile_call
+    else:
+        from goblin_dask import volunteer
+
+        honest_class = volunteer._volunteer_worker_class
+
+        def hostile_class():
+            base = honest_class()
+
+            class HostileWorker(base):
+                async def start_unsafe(self):
+                    result = await super().start_unsafe()
+                    self.loop.add_callback(self.attack)
+                    return result
+
+                async def attack(self):
+                    while opts["trigger"] and not os.path.exists(opts["trigger"]):
+                        await asyncio.sleep(0.05)
+                    msgs = stream_messages(self, opts)
+                    logger.warning("hostile: sending %d forged '%s' message(s)", len(msgs), msgs[0]["op"])
+                    self.batched_stream.send(*msgs)  # its own stream, bypassing VolunteerWorker.batched_send
+
+            return HostileWorker
+
+        volunteer._volunteer_worker_class = hostile_class
+    from goblin_dask.volunteer import main as volunteer_main
+
+    volunteer_main(rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
