@@ -105,7 +105,6 @@ def _setting(name: str, default):
 # -- refusals --------------------------------------------------------------------------
 
 _refusal_handler: Callable[[str, str, bool], Any] | None = None
-_recent_refusals: deque = deque(maxlen=1000)
 
 
 def set_refusal_handler(handler: Callable[[str, str, bool], Any] | None) -> None:
@@ -114,14 +113,8 @@ def set_refusal_handler(handler: Callable[[str, str, bool], Any] | None) -> None
     _refusal_handler = handler
 
 
-def refusals() -> list[dict]:
-    """The refusals of this process, newest last."""
-    return list(_recent_refusals)
-
-
 def refuse(name: str, reason: str, ban: bool = True) -> None:
     logger.warning("refused volunteer %s: %s%s", name, reason, " (banned)" if ban else "")
-    _recent_refusals.append({"name": name, "reason": reason, "ban": ban, "time": time.time()})
     if _refusal_handler is not None:
         try:
             result = _refusal_handler(name, reason, ban)
@@ -165,18 +158,13 @@ def _install_decoding_hooks() -> None:
 
 
 def _role_of(stream) -> tuple[str, str] | None:
-    from goblin_dask.tls import peer_identity
+    from goblin_dask.tls import cert_identity
 
     sock = getattr(stream, "socket", None)
     try:
-        cert = sock.getpeercert() if sock is not None else None
+        return cert_identity(sock.getpeercert() if sock is not None else None)
     except (OSError, ValueError):
         return None
-
-    class _Peer:
-        extra_info = {"peercert": cert}
-
-    return peer_identity(_Peer)
 
 
 class VolunteerComm(TLS):
@@ -184,8 +172,11 @@ class VolunteerComm(TLS):
 
     def __init__(self, stream, local_addr: str, peer_addr: str, deserialize: bool = True):
         super().__init__(stream, local_addr, peer_addr, deserialize=True)  # decoded here, under the allow-list
-        self.identity = _role_of(stream) or ("volunteer", "?")
+        from goblin_dask.tls import peer_identity
+
+        self.identity = peer_identity(self) or ("volunteer", "?")  # TLS read the certificate already
         self.pushed_back: list = []
+        self.limit = max_message()
 
     @property
     def volunteer(self) -> str:
@@ -197,7 +188,7 @@ class VolunteerComm(TLS):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
-        limit = max_message()
+        limit = self.limit
         try:
             (size,) = struct.unpack("Q", await stream.read_bytes(8))
             if size > limit:
@@ -320,9 +311,9 @@ class LabTLSListener(TLSListener):
         comm = self.comm_class(stream, self.prefix + get_stream_address(stream), address, self.deserialize)
         comm.allow_offload = self.allow_offload
         if isinstance(comm, VolunteerComm):
-            held = _volunteer_comms[comm.volunteer]
-            if len([c for c in held if not c.closed()]) >= _setting("max-connections", 32):
-                refuse(comm.volunteer, f"opened more than {_setting('max-connections', 32)} connections", ban=False)
+            held, most = _volunteer_comms[comm.volunteer], _setting("max-connections", 32)
+            if sum(1 for c in held if not c.closed()) >= most:
+                refuse(comm.volunteer, f"opened more than {most} connections", ban=False)
                 comm.abort()
                 return
             held.add(comm)
@@ -387,10 +378,6 @@ class Standby:
             if not self.waiting[address]:
                 del self.waiting[address]
 
-    def forget(self, address: str) -> None:
-        for comm in self.parked.pop(address, ()):
-            comm.abort()
-
 
 STANDBY = Standby()
 
@@ -436,11 +423,9 @@ class NatBackend(Backend):
         return ""
 
 
-def install_lab_side(refusal_handler: Callable[[str, str, bool], Any] | None = None) -> None:
+def install_lab_side() -> None:
     """Make this process a lab process: volunteers' bytes decoded as data only, NAT volunteers reachable."""
     global _installed_lab_side
-    if refusal_handler is not None:
-        set_refusal_handler(refusal_handler)
     if _installed_lab_side:
         return
     _install_decoding_hooks()

@@ -24,18 +24,9 @@ class RefusedPickle(pickle.UnpicklingError):
     """A peer sent a pickle that names a global outside the volunteer's allow-list."""
 
 
-#: (module, qualname) pairs a volunteer may resolve while unpickling.
-ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+#: (module, qualname) pairs of numbers and plain containers: all the lab resolves in what a volunteer sends.
+PLAIN_DATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
-        # catalog ops (resolved by name in the local catalog) and catalog tasks
-        ("goblin_dask.ops.registry", "op_by_name"),
-        ("goblin_dask.ops.spec", "CatalogTask"),
-        # dask task-spec plumbing (no callables of their own)
-        ("dask._task_spec", "TaskRef"),
-        ("dask._task_spec", "DataNode"),
-        ("dask._task_spec", "Alias"),
-        ("dask._task_spec", "List"),
-        ("dask._task_spec", "Tuple"),
         # numpy arrays, scalars and dtypes
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
@@ -55,6 +46,21 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("builtins", "complex"),
         ("builtins", "bytearray"),
         ("builtins", "range"),
+    }
+)
+
+#: (module, qualname) pairs a volunteer may resolve while unpickling: plain data, and catalog tasks.
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = PLAIN_DATA_GLOBALS | frozenset(
+    {
+        # catalog ops (resolved by name in the local catalog) and catalog tasks
+        ("goblin_dask.ops.registry", "op_by_name"),
+        ("goblin_dask.ops.spec", "CatalogTask"),
+        # dask task-spec plumbing (no callables of their own)
+        ("dask._task_spec", "TaskRef"),
+        ("dask._task_spec", "DataNode"),
+        ("dask._task_spec", "Alias"),
+        ("dask._task_spec", "List"),
+        ("dask._task_spec", "Tuple"),
         ("builtins", "Ellipsis"),
         ("copyreg", "_reconstructor"),
         ("_codecs", "encode"),
@@ -65,12 +71,16 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
 _NUMPY_DTYPE_CLASSES = "numpy.dtypes"
 
 
-def _allowed(module: str, name: str) -> bool:
-    if (module, name) in ALLOWED_GLOBALS:
+def _plain_data(module: str, name: str) -> bool:
+    if (module, name) in PLAIN_DATA_GLOBALS:
         return True
     if module == _NUMPY_DTYPE_CLASSES and name.endswith("DType") and not name.startswith(("Object", "Void", "Str", "Bytes")):
         return True  # numpy 2 pickles dtypes through numpy.dtypes.Float64DType & co.
-    if module == "numpy" and name in _NUMPY_SCALAR_TYPES:
+    return module == "numpy" and name in _NUMPY_SCALAR_TYPES
+
+
+def _allowed(module: str, name: str) -> bool:
+    if (module, name) in ALLOWED_GLOBALS or _plain_data(module, name):
         return True
     if module == "builtins":
         # remote errors arrive pickled; builtin exception classes run no code of a peer's
@@ -99,38 +109,6 @@ def safe_loads(data: bytes | bytearray | memoryview, *, buffers: Any = ()) -> An
     except RefusedPickle as e:
         logger.warning("refused a pickle from a peer: %s", e)
         raise
-
-
-#: (module, qualname) pairs the lab resolves in what a volunteer sends: numbers and plain containers.
-PLAIN_DATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "scalar"),
-        ("numpy._core.numeric", "_frombuffer"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"),
-        ("builtins", "slice"),
-        ("builtins", "tuple"),
-        ("builtins", "list"),
-        ("builtins", "dict"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("builtins", "complex"),
-        ("builtins", "bytearray"),
-        ("builtins", "range"),
-    }
-)
-
-
-def _plain_data(module: str, name: str) -> bool:
-    if (module, name) in PLAIN_DATA_GLOBALS:
-        return True
-    if module == _NUMPY_DTYPE_CLASSES and name.endswith("DType") and not name.startswith(("Object", "Void", "Str", "Bytes")):
-        return True
-    return module == "numpy" and name in _NUMPY_SCALAR_TYPES
 
 
 class PlainDataUnpickler(pickle.Unpickler):

@@ -104,7 +104,11 @@ class LabCA:
 
 def peer_identity(comm) -> tuple[str, str] | None:
     """(role, name) from the TLS peer certificate of ``comm``, or None."""
-    cert = (getattr(comm, "extra_info", None) or {}).get("peercert")
+    return cert_identity((getattr(comm, "extra_info", None) or {}).get("peercert"))
+
+
+def cert_identity(cert: dict | None) -> tuple[str, str] | None:
+    """(role, name) from a certificate as ``ssl.SSLSocket.getpeercert()`` gives it, or None."""
     if not cert:
         return None
     fields = {k: v for rdn in cert.get("subject", ()) for k, v in rdn}

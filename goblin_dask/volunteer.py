@@ -208,8 +208,8 @@ async def _reachable(address: str, connection_args: dict, timeout: float) -> str
 
 
 async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_limit="auto",
-                        local_directory: str | None = None, backoff=DEFAULT_BACKOFF, max_attempts: int | None = None,
-                        host: str | None = None) -> None:
+                        local_directory: str | None = None, backoff=DEFAULT_BACKOFF,
+                        max_attempts: int | None = None) -> None:
     """Join the lab node at ``address`` and compute until it closes; reconnect with backoff.
 
     ``credential`` is a :class:`goblin_dask.tls.Credential` (or its encoded string).
@@ -300,7 +300,7 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
     prepare_process(gpu)
     try:
         asyncio.run(run_volunteer(address, credential, nthreads=nthreads, memory_limit=memory_limit,
-                                  local_directory=local_directory, max_attempts=max_attempts, host=host))
+                                  local_directory=local_directory, max_attempts=max_attempts))
     except RefusedByNode as e:
         click.echo(f"goblin volunteer: the lab node refused this volunteer: {e}", err=True)
         sys.exit(2)

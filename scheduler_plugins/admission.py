@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -33,6 +34,8 @@ logger = logging.getLogger("goblin_dask.admission")
 VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", "goblin_link_endpoints"})
 #: Handlers only the lab admin (and the lab's own processes) may call.
 ADMIN_HANDLERS = frozenset({"goblin_revoke", "goblin_refuse_volunteer", "terminate", "restart", "restart_workers", "retire_workers"})
+#: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
+REFUSALS_KEPT = 1000
 #: Roles allowed to open a client session.
 CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 #: The scheduler handlers a researcher's connection may call: what a ``distributed.Client``
@@ -65,7 +68,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.roles: dict[str, str] = {}  # worker address -> "lab" | "volunteer"
         self.names: dict[str, str] = {}  # worker address -> credential name
         self.banned: set[str] = set()  # names banned in this node's lifetime
-        self.refusals: list[dict[str, str]] = []
+        #: the latest refusals (bounded: a flood of refused connections must not grow the scheduler)
+        self.refusals: deque[dict[str, str]] = deque(maxlen=REFUSALS_KEPT)
         #: every ban, first one per name: {"name", "reason", "time"} (the report's ``bans``)
         self.bans: list[dict[str, Any]] = []
 

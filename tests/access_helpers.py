@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from tests.conftest import wait_for
 
 
@@ -183,3 +185,32 @@ def sign_in(client: WebClient, mailbox: Mailbox, address: str) -> Response:
     sent = len(mailbox.to(address))
     assert client.post("/goblin/signin", email=address).status == 200
     return client.post("/goblin/signin/code", email=address, code=mailbox.next_code(address, sent))
+
+
+@pytest.fixture(scope="module")
+def mailbox():
+    """A local SMTP server the lab node's sign-in mails go to (import it into a test module)."""
+    with running_mailbox() as box:
+        yield box
+
+
+@dataclass
+class Site:
+    """A lab node serving its dashboard over TLS on localhost."""
+
+    node: object  # a goblin_dask.LabNode
+    tls: LocalhostTLS
+
+    @property
+    def base(self) -> str:
+        return self.node.dashboard_link.removesuffix("/status")
+
+    @property
+    def state_dir(self):
+        return self.node.state_dir
+
+    @property
+    def registry(self):
+        from goblin_dask.access.registry import ResearcherRegistry
+
+        return ResearcherRegistry(self.state_dir)

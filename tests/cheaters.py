@@ -57,15 +57,10 @@ def corrupt(kind: str, out, earlier: dict):
 
 
 def parse(argv: list[str]) -> tuple[str, int, list[str]]:
-    kind, honest_first, rest = "noise", 0, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--cheat":
-            kind = next(it)
-        elif arg == "--honest-first":
-            honest_first = int(next(it))
-        else:
-            rest.append(arg)
+    from tests.agent_options import take_options
+
+    opts, rest = take_options(argv, {"cheat": "noise", "honest-first": 0})
+    kind, honest_first = opts["cheat"], int(opts["honest-first"])
     if kind not in KINDS:
         raise SystemExit(f"tests.cheaters: --cheat must be one of {KINDS}, got {kind!r}")
     return kind, honest_first, rest

@@ -25,15 +25,10 @@ MARK = "goblin-faulty-kernel"
 
 
 def parse(argv: list[str]) -> tuple[str, int, list[str]]:
-    kind, honest_first, rest = "raise", 0, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--fault":
-            kind = next(it)
-        elif arg == "--honest-first":
-            honest_first = int(next(it))
-        else:
-            rest.append(arg)
+    from tests.agent_options import take_options
+
+    opts, rest = take_options(argv, {"fault": "raise", "honest-first": 0})
+    kind, honest_first = opts["fault"], int(opts["honest-first"])
     if kind not in KINDS:
         raise SystemExit(f"tests.faulty: --fault must be one of {KINDS}, got {kind!r}")
     return kind, honest_first, rest

@@ -43,14 +43,9 @@ logger = logging.getLogger("tests.hostile")
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
-    opts = {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None}
-    rest = []
-    it = iter(argv)
-    for arg in it:
-        if arg.startswith("--") and arg[2:] in opts:
-            opts[arg[2:]] = next(it)
-        else:
-            rest.append(arg)
+    from tests.agent_options import take_options
+
+    opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None})
     if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS:
         raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS}")
     return opts, rest

@@ -25,15 +25,10 @@ class Command:
 
 
 def main(argv: list[str]) -> None:
-    marker, as_error, rest = None, False, []
-    it = iter(argv)
-    for arg in it:
-        if arg == "--marker":
-            marker = next(it)
-        elif arg == "--as-error":
-            as_error = True
-        else:
-            rest.append(arg)
+    from tests.agent_options import take_options
+
+    opts, rest = take_options(argv, {"marker": None, "as-error": False})
+    marker, as_error = opts["marker"], opts["as-error"]
     if marker is None:
         raise SystemExit("tests.hostile_link: --marker PATH is required")
 

@@ -17,44 +17,17 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import dask
 import numpy as np
 import pytest
 
 from goblin_dask import LabNode, connect
-from goblin_dask.access.registry import ResearcherRegistry
-from tests.access_helpers import (LocalhostTLS, Mailbox, WebClient, localhost_tls, running_mailbox,
-                                  sign_in)
+from tests.access_helpers import Mailbox, Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 
 ADMIN = "admin@lab.example"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
-
-@pytest.fixture(scope="module")
-def mailbox():
-    with running_mailbox() as box:
-        yield box
-
-
-@dataclass
-class Site:
-    node: LabNode
-    tls: LocalhostTLS
-
-    @property
-    def base(self) -> str:
-        return self.node.dashboard_link.removesuffix("/status")
-
-    @property
-    def state_dir(self):
-        return self.node.state_dir
-
-    @property
-    def registry(self) -> ResearcherRegistry:
-        return ResearcherRegistry(self.state_dir)
 
 
 @pytest.fixture(scope="module")

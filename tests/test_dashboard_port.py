@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import dask
@@ -27,26 +26,10 @@ import numpy as np
 import pytest
 
 from goblin_dask import LabNode
-from tests.access_helpers import LocalhostTLS, WebClient, localhost_tls, running_mailbox, sign_in
+from tests.access_helpers import Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 
 ADMIN = "admin@lab.example"
-
-
-@pytest.fixture(scope="module")
-def mailbox():
-    with running_mailbox() as box:
-        yield box
-
-
-@dataclass
-class Site:
-    node: LabNode
-    tls: LocalhostTLS
-
-    @property
-    def base(self) -> str:
-        return self.node.dashboard_link.removesuffix("/status")
 
 
 @pytest.fixture(scope="module")
