@@ -12,7 +12,8 @@ from dask._task_spec import TaskRef
 
 from goblin_dask.ops import Aval, CatalogTask, Cost, catalog, task_violation, warm_up
 from goblin_dask.ops._samples import example_calls
-from goblin_dask.ops.spec import VERIFY_METHODS
+from goblin_dask.ops.spec import Exact, Freivalds, OpSpec, Recompute, Replica, Verification
+from goblin_dask.validation.checks import judge
 
 EXAMPLES = [(name, i) for name in sorted(catalog()) for i in range(len(example_calls(name, 4, np.random.default_rng(0))))]
 
@@ -27,7 +28,10 @@ def test_every_op_is_fully_declared(name):
     assert spec.name == name
     assert spec.doc.strip() and "\n" not in spec.doc.strip() and len(spec.doc) < 120
     assert callable(spec.shape_rule) and callable(spec.dtype_rule) and callable(spec.numpy) and callable(spec.cost)
-    assert spec.verify in VERIFY_METHODS
+    assert isinstance(spec.verify, Verification)
+    assert spec.placement == ("lab" if spec.verify.lab_only else "volunteer")
+    assert spec.elementwise is not None or spec.examples is not None, f"{name} declares no examples"
+    assert spec.combine is None or spec.combine in catalog()
     assert spec.grad is None or callable(spec.grad) or spec.grad in ("linear", "bilinear")
     assert isinstance(spec.params, tuple)
 
@@ -47,11 +51,78 @@ def test_every_op_runs_as_its_rules_say(name, i):
 
 
 @pytest.mark.parametrize("name, i", EXAMPLES)
-def test_example_tasks_pass_the_volunteer_allow_list(name, i):
+def test_volunteer_allow_list_holds_exactly_the_volunteer_ops(name, i):
     spec = catalog()[name]
     args, params = example_calls(name, 4, np.random.default_rng(i))[i]
     refs = [TaskRef(f"in-{k}") for k in range(len(args))]
-    assert task_violation(CatalogTask(("t-0", 0), spec, *refs, **params)) is None
+    why = task_violation(CatalogTask(("t-0", 0), spec, *refs, placement="volunteer", **params))
+    if spec.placement == "volunteer":
+        assert why is None
+    else:
+        assert f"op {name} runs on the lab worker only" in why
+
+
+@pytest.mark.parametrize("name, i", EXAMPLES)
+def test_every_ops_verification_runs_accepting_honest_and_rejecting_tampered_results(name, i):
+    """An op whose declared verification cannot run on its own examples fails here."""
+    spec = catalog()[name]
+    args, params = example_calls(name, 8, np.random.default_rng(i))[i]
+    with np.errstate(all="ignore"):
+        honest = np.asarray(spec.kernel("cpu")(*args, **params))
+        assert judge(spec, args, params, honest)
+        if honest.size == 0:
+            return
+        tampered = honest.copy()
+        flat = tampered.reshape(-1)
+        if tampered.dtype.kind == "b":
+            flat[0] = ~flat[0]
+        elif tampered.dtype.kind in "iu":
+            flat[0] += 1
+        else:
+            flat[0] = flat[0] + 1.0 + 10 * abs(flat[0])
+        assert not judge(spec, args, params, tampered)
+        assert not judge(spec, args, params, honest.astype(np.complex128))  # the wrong dtype
+        assert not judge(spec, args, params, honest.reshape(-1)[:-1])  # the wrong shape
+
+
+def test_text_reaches_volunteers_only_in_declared_parameters_and_grammars():
+    from goblin_dask.ops import get
+
+    ref = TaskRef("in-0")
+    assert task_violation(CatalogTask(("t", 0), get("einsum"), ref, ref, subscripts="ij,jk->ik")) is None
+    assert "not in its grammar" in task_violation(CatalogTask(("t", 0), get("einsum"), ref, ref, subscripts="ij,jk->ik; rm"))
+    assert task_violation(CatalogTask(("t", 0), get("sum"), ref, axis=(0,), dtype="float32")) is None
+    assert "not in its grammar" in task_violation(CatalogTask(("t", 0), get("sum"), ref, dtype="patient_id"))
+    assert "carries text" in task_violation(CatalogTask(("t", 0), get("sum"), ref, axis=("alice",)))
+    assert "text is no operand" in task_violation(CatalogTask(("t", 0), get("exp"), "alice"))
+    for spec in catalog().values():
+        assert set(spec.text_params) <= set(spec.params), spec.name
+
+
+def test_declarations_are_typed():
+    rules = dict(shape_rule=lambda x: x.shape, dtype_rule=lambda x: x.dtype, numpy=np.negative)
+    with pytest.raises(TypeError, match="must be a Verification"):
+        OpSpec("bad_op", "A bad op.", verify="replica", **rules)
+    with pytest.raises(TypeError, match="needs a callable"):
+        Freivalds(form=None)
+    with pytest.raises(ValueError, match="runs on the lab only"):
+        OpSpec("bad_op", "A bad op.", verify=Exact(), placement="volunteer", **rules)
+    assert OpSpec("ok_op", "An op.", verify=Recompute(), **rules).placement == "lab"
+    assert OpSpec("ok_op", "An op.", **rules).verify == Replica()
+
+
+def test_aliases_and_operators_come_from_the_declarations():
+    import operator
+
+    from goblin_dask.ops import get
+    from goblin_dask.ops.registry import aliases, by_operator
+
+    assert get("abs") is get("absolute") and get("pow") is get("power") and get("true_divide") is get("divide")
+    assert aliases()["mod"] == "remainder"
+    assert by_operator(operator.add) is get("add") and by_operator(operator.matmul) is get("matmul")
+    assert by_operator(operator.concat) is None
+    operators = [s.operator for s in catalog().values() if s.operator is not None]
+    assert len(operators) == len(set(operators)) >= 23
 
 
 def test_ops_pickle_by_name():
@@ -80,6 +151,7 @@ def test_warm_up_compiles_every_numba_kernel():
 
 def test_product_ops_are_verified_by_freivalds_and_exact_ops_are_integral():
     for name, spec in catalog().items():
-        if spec.verify == "exact" and "loop" in spec.extra:
+        if isinstance(spec.verify, Exact) and spec.elementwise is not None:
             assert spec.abstract_eval(*[np.ones(2, np.int64)] * spec.arity).dtype.kind in "biu", name
-    assert {n for n, s in catalog().items() if s.verify == "freivalds"} >= {"matmul", "matmul_accumulate", "tensordot", "einsum"}
+    freivalds = {n for n, s in catalog().items() if isinstance(s.verify, Freivalds)}
+    assert freivalds >= {"matmul", "matmul_accumulate", "tensordot", "einsum"}

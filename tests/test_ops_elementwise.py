@@ -12,7 +12,7 @@ from goblin_dask.ops import Aval, catalog
 from goblin_dask.ops._samples import computes_on, draw
 from goblin_dask.ops.formula import evaluate_formula_numba
 
-ELEMENTWISE = sorted(name for name, spec in catalog().items() if "loop" in spec.extra)
+ELEMENTWISE = sorted(name for name, spec in catalog().items() if spec.elementwise is not None)
 FLOAT_DTYPES = ("float32", "float64")
 
 

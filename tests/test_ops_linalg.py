@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from goblin_dask.ops import Aval, get
-from goblin_dask.ops.linalg import matmul_form
+from goblin_dask.ops.spec import Freivalds
 
 RNG = np.random.default_rng(1234)
 
@@ -27,8 +27,9 @@ def check(op, args, want, **params):
     rtol = 1e-5 if np.asarray(out).dtype == np.float32 else 1e-12
     np.testing.assert_allclose(np.asarray(out, dtype=np.float64), want, rtol=rtol, atol=rtol * max(1.0, np.abs(want).max(initial=0)))
     # the Freivalds form: result == a @ b (+ c0)
-    if spec.verify == "freivalds" and (op != "einsum" or len(args) == 2):
-        c, a, b, c0 = matmul_form(op, tuple(args), out, **params)
+    form = spec.verify.form(out, *args, **params)
+    if form is not None:
+        c, a, b, c0 = form.c, form.a, form.b, form.c0
         np.testing.assert_allclose(np.asarray(c, np.float64), np.asarray(a, np.float64) @ np.asarray(b, np.float64) + (0 if c0 is None else c0), rtol=1e-4, atol=1e-4)
     return out
 
@@ -146,12 +147,13 @@ def test_costs_count_multiply_adds():
 
 def test_product_kernels_are_freivalds_checked_and_have_gpu_kernels():
     for name in ("matmul", "matmul_accumulate", "tensordot", "einsum"):
-        assert get(name).verify == "freivalds" and get(name).cupy is not None
+        assert isinstance(get(name).verify, Freivalds) and get(name).cupy is not None
 
 
-def test_matmul_form_refuses_single_operand_einsum():
-    with pytest.raises(ValueError, match="not a matrix product"):
-        matmul_form("einsum", (np.ones((2, 2)),), np.ones(2), subscripts="ij->i")
+def test_single_operand_einsum_has_no_product_form_and_falls_back_to_replicas():
+    verify = get("einsum").verify
+    assert verify.form(np.ones(2), np.ones((2, 2)), subscripts="ij->i") is None
+    assert verify.otherwise.method == "replica"
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,12 @@ byte a volunteer needs travels from the lab (over TLS) and back.  A task is wort
 sending out only when computing it costs the lab more than checking it and shipping it.
 The rule, per task (block), from the op's declared cost and verification method:
 
-* ``freivalds`` (products): checking is O(n^2) against O(n^3) to compute: volunteer,
+* ``Freivalds`` (products): checking is O(n^2) against O(n^3) to compute: volunteer,
   once the task has at least ``min_flops`` of work (``goblin.placement.min-flops``,
   default 1e6; below that the round trip costs more than the product).
-* ``recompute`` / ``exact``: checking *is* computing it again, so the lab computes it
-  itself: lab worker (layout, creation, selections).
-* ``replica``: two volunteers compute, the lab only compares.  Worth it when the task
+* ``Recompute()`` / ``Exact()``: checking *is* computing it again, so these ops are
+  declared lab-only (layout, creation, selections, comparisons).
+* ``Replica()``: two volunteers compute, the lab only compares.  Worth it when the task
   ships nothing (random blocks generated from a seed), or when it is compute-dense:
   ``flops / bytes moved >= min_intensity`` (``goblin.placement.min-intensity``, default
   4 flops per byte: on this class of machine the lab spends about as much CPU shipping a
@@ -22,25 +22,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import dask
-
-from goblin_dask.ops.spec import Aval, OpSpec
-
-DEFAULT_MIN_FLOPS = 1e6
-DEFAULT_MIN_INTENSITY = 4.0
-
+from goblin_dask import settings
+from goblin_dask.ops.spec import Aval, Freivalds, OpSpec
 
 def placement_for(op: OpSpec, *operands: Any, **params: Any) -> str:
     """"volunteer" or "lab" for one task of ``op`` on ``operands`` (Avals or scalars)."""
-    if op.placement == "lab":
+    if op.placement == "lab":  # Recompute() and Exact(): checking it is computing it again
         return "lab"
-    min_flops = float(dask.config.get("goblin.placement.min-flops", DEFAULT_MIN_FLOPS))
-    min_intensity = float(dask.config.get("goblin.placement.min-intensity", DEFAULT_MIN_INTENSITY))
+    min_flops = float(settings.get("goblin.placement.min-flops"))
+    min_intensity = float(settings.get("goblin.placement.min-intensity"))
     cost = op.cost_of(*operands, **params)
-    if op.verify == "freivalds":
+    if isinstance(op.verify, Freivalds):
         return "volunteer" if cost.flops >= min_flops else "lab"
-    if op.verify in ("recompute", "exact"):
-        return "lab"
     shipped = sum(a.nbytes for a in (Aval.of(o) for o in operands) if not a.weak)
     if shipped == 0 and op.arity == 0:
         return "volunteer"

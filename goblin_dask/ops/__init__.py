@@ -1,10 +1,13 @@
 """The catalog: every operation the grid computes, one declaration each.
 
 ``catalog()`` returns the registry (name -> OpSpec); volunteers run nothing else.
+How to add an operation: ``goblin_dask/ops/README.md``.
 """
 
 from goblin_dask.ops.registry import (
     CatalogError,
+    aliases,
+    by_operator,
     catalog,
     get,
     is_registered,
@@ -12,7 +15,21 @@ from goblin_dask.ops.registry import (
     register,
     task_violation,
 )
-from goblin_dask.ops.spec import Aval, CatalogTask, Cost, OpSpec, get_backend, set_backend
+from goblin_dask.ops.spec import (
+    Aval,
+    CatalogTask,
+    Cost,
+    Elementwise,
+    Exact,
+    Freivalds,
+    OpSpec,
+    ProductForm,
+    Recompute,
+    Replica,
+    Verification,
+    get_backend,
+    set_backend,
+)
 
 # Importing an op module registers its declarations.
 from goblin_dask.ops import (  # noqa: E402,F401  isort: skip
@@ -31,7 +48,16 @@ __all__ = [
     "CatalogError",
     "CatalogTask",
     "Cost",
+    "Elementwise",
+    "Exact",
+    "Freivalds",
     "OpSpec",
+    "ProductForm",
+    "Recompute",
+    "Replica",
+    "Verification",
+    "aliases",
+    "by_operator",
     "catalog",
     "get",
     "get_backend",

@@ -24,12 +24,15 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from goblin_dask.ops.registry import register
-from goblin_dask.ops.spec import Aval, OpSpec, elementwise_cost
+from goblin_dask.ops.spec import Aval, Elementwise, OpSpec, Replica, Verification, elementwise_cost
 
 #: Dtype kinds the catalog computes on: bool, signed/unsigned int, float, complex.
 NUMERIC_KINDS = "biufc"
 _WEAK_TYPE = {"i": int, "f": float, "c": complex}
 _WEAK_VALUE = {int: 0, float: 0.0, complex: 0j}
+
+#: Grammar of a dtype parameter written as text (``OpSpec.text_params``).
+DTYPE_TEXT = r"bool|u?int(8|16|32|64)|float(16|32|64)|complex(64|128)"
 
 DtypeArg = Union[np.dtype, type]
 #: A loop: the dtypes an elementwise op computes in, inputs first, the output last.
@@ -123,7 +126,7 @@ def loop_of(spec: OpSpec, args: Sequence[Any]) -> Loop:
     """The loop ``spec`` computes ``args`` in; TypeError naming the op and dtypes otherwise."""
     dargs = tuple(dtype_arg(spec.name, a) for a in args)
     try:
-        return tuple(np.dtype(d) for d in spec.extra["loop"](*dargs))
+        return tuple(np.dtype(d) for d in spec.elementwise.loop(*dargs))
     except TypeError as e:
         raise TypeError(f"{spec.name}: unsupported dtype(s) ({describe(dargs)}): {e}") from None
 
@@ -216,6 +219,11 @@ def _arity_of(name: str) -> int:
     return ufunc.nin if isinstance(ufunc, np.ufunc) else 1
 
 
+def matrices(n: int, rng: np.random.Generator, dtype: Any, count: int = 2) -> list[np.ndarray]:
+    """``count`` standard-normal n x n operands in ``dtype``, for ops' example calls."""
+    return [rng.standard_normal((n, n)).astype(dtype) for _ in range(count)]
+
+
 def unbroadcast(g: Any, shape: tuple[int, ...]) -> Any:
     """Sum a broadcast cotangent back down to an operand's shape."""
     g = np.asarray(g)
@@ -246,11 +254,13 @@ def elementwise_op(
     scalar: Scalar,
     arity: int,
     flops: float = 1.0,
-    verify: str = "replica",
+    verify: Verification = Replica(),
     grad: Any = None,
     numba_loops: Sequence[Loop] = (),
     cupy: Callable[..., Any] | None = None,
     domain: tuple | None = None,
+    operator: Callable[..., Any] | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> OpSpec:
     """Declare and register an elementwise op.
 
@@ -274,7 +284,9 @@ def elementwise_op(
         verify=verify,
         grad=grad,
         arity=arity,
-        extra={"loop": loop, "scalar": scalar, "domain": domain, "flops": flops},
+        operator=operator,
+        aliases=aliases,
+        elementwise=Elementwise(loop, scalar, domain, flops),
     )
     return register(spec)
 

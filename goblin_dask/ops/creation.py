@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from goblin_dask.ops._factories import check_dtype, shape_param
+from goblin_dask.ops._factories import DTYPE_TEXT, check_dtype, shape_param
 from goblin_dask.ops.registry import register
-from goblin_dask.ops.spec import Cost, OpSpec
+from goblin_dask.ops.spec import Cost, Exact, OpSpec, Verification
 
 
 def number_param(opname: str, name: str, value: Any) -> Any:
@@ -24,8 +24,11 @@ def number_param(opname: str, name: str, value: Any) -> Any:
     return value
 
 
-def creation_op(name: str, doc: str, numpy, shape_and_dtype, params: tuple[str, ...], verify: str = "exact") -> OpSpec:
-    """Declare an operand-less op from ``shape_and_dtype(**params) -> (shape, dtype)``."""
+def creation_op(name: str, doc: str, numpy, shape_and_dtype, params: tuple[str, ...], examples,
+                verify: Verification = Exact()) -> OpSpec:
+    """Declare an operand-less op from ``shape_and_dtype(**params) -> (shape, dtype)``.
+
+    ``examples(n, rng, dtype) -> [params, ...]``: example calls (they take no operands)."""
 
     def cost(**p: Any) -> Cost:
         shape, dtype = shape_and_dtype(**p)
@@ -43,6 +46,8 @@ def creation_op(name: str, doc: str, numpy, shape_and_dtype, params: tuple[str, 
             verify=verify,
             arity=0,
             params=params,
+            text_params={"dtype": DTYPE_TEXT},
+            examples=lambda n, rng, dtype: [((), p) for p in examples(n, rng, dtype)],
         )
     )
 
@@ -56,11 +61,11 @@ def _filled(opname: str):
 
 zeros = creation_op(
     "zeros", "A block of zeros.", lambda *, shape=(), dtype="float64": np.zeros(shape, dtype=dtype),
-    _filled("zeros"), ("shape", "dtype"),
+    _filled("zeros"), ("shape", "dtype"), lambda n, rng, dtype: [{"shape": (n, n), "dtype": dtype}],
 )  # fmt: skip
 ones = creation_op(
     "ones", "A block of ones.", lambda *, shape=(), dtype="float64": np.ones(shape, dtype=dtype),
-    _filled("ones"), ("shape", "dtype"),
+    _filled("ones"), ("shape", "dtype"), lambda n, rng, dtype: [{"shape": (n, n), "dtype": dtype}],
 )  # fmt: skip
 
 
@@ -74,6 +79,7 @@ full = creation_op(
     "full", "A block filled with one value.",
     lambda *, shape=(), fill_value=0.0, dtype=None: np.full(shape, fill_value, dtype=dtype),
     _full_rule, ("shape", "fill_value", "dtype"),
+    lambda n, rng, dtype: [{"shape": (n, n), "fill_value": 2.5, "dtype": dtype}],
 )  # fmt: skip
 
 
@@ -98,6 +104,7 @@ arange = creation_op(
     "arange", "Evenly spaced values start, start + step, ... below stop (one block's values).",
     lambda *, start=0, stop=None, step=1, dtype=None: np.arange(*_arange_bounds(start, stop, step), dtype=dtype),
     _arange_rule, ("start", "stop", "step", "dtype"),
+    lambda n, rng, dtype: [{"start": 0, "stop": n * n, "step": 1, "dtype": dtype}],
 )  # fmt: skip
 
 
@@ -111,5 +118,5 @@ def _eye_rule(*, n: Any, m: Any = None, k: Any = 0, dtype: Any = "float64") -> t
 eye = creation_op(
     "eye", "A block with ones on the k-th diagonal and zeros elsewhere.",
     lambda *, n, m=None, k=0, dtype="float64": np.eye(n, m, k=k, dtype=dtype),
-    _eye_rule, ("n", "m", "k", "dtype"),
+    _eye_rule, ("n", "m", "k", "dtype"), lambda n, rng, dtype: [{"n": n, "k": 1, "dtype": dtype}],
 )  # fmt: skip

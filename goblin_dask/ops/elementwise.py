@@ -10,6 +10,7 @@ NumPy version), ``erf`` (NumPy has none) and ``relu``.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from goblin_dask.ops._factories import (
     vjp,
     where_loop,
 )
+from goblin_dask.ops.spec import Exact
 
 # -- dtype-dependent scalar code ---------------------------------------------------
 
@@ -150,9 +152,9 @@ _SHIFTS = ((-100, 100), (0, 8))
 
 # fmt: off
 # -- unary ---------------------------------------------------------------------------
-negative = ufunc_op(np.negative, "Numerical negative, -x.", Scalar("(-{0})", "(-{0})"), grad=vjp(lambda x: -1.0))
-positive = ufunc_op(np.positive, "Numerical positive, +x (a copy).", Scalar("(+{0})", "(+{0})"), grad=vjp(lambda x: 1.0))
-absolute = ufunc_op(np.absolute, "Absolute value |x|.", _ABS, grad=vjp(np.sign))
+negative = ufunc_op(np.negative, "Numerical negative, -x.", Scalar("(-{0})", "(-{0})"), grad=vjp(lambda x: -1.0), operator=operator.neg)
+positive = ufunc_op(np.positive, "Numerical positive, +x (a copy).", Scalar("(+{0})", "(+{0})"), grad=vjp(lambda x: 1.0), operator=operator.pos)
+absolute = ufunc_op(np.absolute, "Absolute value |x|.", _ABS, grad=vjp(np.sign), operator=operator.abs, aliases=('abs',))
 exp = ufunc_op(np.exp, "Exponential e**x.", call("exp"), flops=20, grad=vjp(np.exp))
 expm1 = ufunc_op(np.expm1, "e**x - 1, accurate for small x.", call("expm1"), flops=20, grad=vjp(np.exp))
 log = ufunc_op(np.log, "Natural logarithm.", call("log"), flops=20, grad=vjp(lambda x: 1 / x), domain=_POS)
@@ -176,11 +178,11 @@ ceil = ufunc_op(np.ceil, "Smallest integer >= x.", _rounding("ceil"), grad=_zero
 rint = ufunc_op(np.rint, "Round to the nearest integer, ties to even.", _rounding("rint"), grad=_zero)
 trunc = ufunc_op(np.trunc, "Round towards zero.", _rounding("trunc"), grad=_zero)
 sign = ufunc_op(np.sign, "-1, 0 or 1 by the sign of x (NaN stays NaN).", helper("sign"), grad=_zero)
-logical_not = ufunc_op(np.logical_not, "Truth value of NOT x.", Scalar("(not {0})", "(!{0})"), verify="exact")
-invert = ufunc_op(np.invert, "Bitwise NOT (logical NOT on booleans).", _INVERT, verify="exact")
-isnan = ufunc_op(np.isnan, "True where x is NaN.", _float_test("isnan", _FALSE), verify="exact")
-isinf = ufunc_op(np.isinf, "True where x is +inf or -inf.", _float_test("isinf", _FALSE), verify="exact")
-isfinite = ufunc_op(np.isfinite, "True where x is neither infinite nor NaN.", _float_test("isfinite", _TRUE), verify="exact")
+logical_not = ufunc_op(np.logical_not, "Truth value of NOT x.", Scalar("(not {0})", "(!{0})"), verify=Exact())
+invert = ufunc_op(np.invert, "Bitwise NOT (logical NOT on booleans).", _INVERT, verify=Exact(), operator=operator.invert, aliases=('bitwise_not',))
+isnan = ufunc_op(np.isnan, "True where x is NaN.", _float_test("isnan", _FALSE), verify=Exact())
+isinf = ufunc_op(np.isinf, "True where x is +inf or -inf.", _float_test("isinf", _FALSE), verify=Exact())
+isfinite = ufunc_op(np.isfinite, "True where x is neither infinite nor NaN.", _float_test("isfinite", _TRUE), verify=Exact())
 
 sigmoid = elementwise_op(
     "sigmoid", "Logistic function 1 / (1 + exp(-x)), overflow-free.", numpy=_sigmoid, loop=_FLOAT_LOOP,
@@ -197,33 +199,33 @@ erf = elementwise_op(
 )
 
 # -- binary ----------------------------------------------------------------------------
-add = ufunc_op(np.add, "Sum x + y.", infix("+"), grad=vjp(lambda x, y: 1.0, lambda x, y: 1.0))
-subtract = ufunc_op(np.subtract, "Difference x - y.", infix("-"), grad=vjp(lambda x, y: 1.0, lambda x, y: -1.0))
-multiply = ufunc_op(np.multiply, "Product x * y.", infix("*"), grad=vjp(lambda x, y: y, lambda x, y: x))
-divide = ufunc_op(np.divide, "True division x / y.", infix("/"), flops=4, grad=vjp(lambda x, y: 1 / y, lambda x, y: -x / y**2), domain=((-3, 3), (0.5, 3)))
-floor_divide = ufunc_op(np.floor_divide, "Floor of x / y (0 for integer division by zero).", _FLOOR_DIVIDE, flops=4, grad=vjp(lambda x, y: 0.0, lambda x, y: 0.0), domain=_INTEGRAL)
-remainder = ufunc_op(np.remainder, "x - floor(x / y) * y, with the sign of y.", _REMAINDER, flops=4, grad=vjp(lambda x, y: 1.0, lambda x, y: -np.floor(x / y)), domain=_INTEGRAL)
-power = ufunc_op(np.power, "x ** y.", _POWER, flops=30, grad=vjp(lambda x, y: y * x ** (y - 1), lambda x, y: np.log(x) * x**y), domain=((0.5, 3), (0, 4)))
+add = ufunc_op(np.add, "Sum x + y.", infix("+"), grad=vjp(lambda x, y: 1.0, lambda x, y: 1.0), operator=operator.add)
+subtract = ufunc_op(np.subtract, "Difference x - y.", infix("-"), grad=vjp(lambda x, y: 1.0, lambda x, y: -1.0), operator=operator.sub)
+multiply = ufunc_op(np.multiply, "Product x * y.", infix("*"), grad=vjp(lambda x, y: y, lambda x, y: x), operator=operator.mul)
+divide = ufunc_op(np.divide, "True division x / y.", infix("/"), flops=4, grad=vjp(lambda x, y: 1 / y, lambda x, y: -x / y**2), domain=((-3, 3), (0.5, 3)), operator=operator.truediv, aliases=('true_divide',))
+floor_divide = ufunc_op(np.floor_divide, "Floor of x / y (0 for integer division by zero).", _FLOOR_DIVIDE, flops=4, grad=vjp(lambda x, y: 0.0, lambda x, y: 0.0), domain=_INTEGRAL, operator=operator.floordiv)
+remainder = ufunc_op(np.remainder, "x - floor(x / y) * y, with the sign of y.", _REMAINDER, flops=4, grad=vjp(lambda x, y: 1.0, lambda x, y: -np.floor(x / y)), domain=_INTEGRAL, operator=operator.mod, aliases=('mod',))
+power = ufunc_op(np.power, "x ** y.", _POWER, flops=30, grad=vjp(lambda x, y: y * x ** (y - 1), lambda x, y: np.log(x) * x**y), domain=((0.5, 3), (0, 4)), operator=operator.pow, aliases=('pow',))
 maximum = ufunc_op(np.maximum, "Elementwise maximum, propagating NaN.", helper("maximum"), grad=vjp(lambda x, y: x > y, lambda x, y: x <= y))
 minimum = ufunc_op(np.minimum, "Elementwise minimum, propagating NaN.", helper("minimum"), grad=vjp(lambda x, y: x < y, lambda x, y: x >= y))
 arctan2 = ufunc_op(np.arctan2, "Angle of the point (x2, x1) in radians, in the right quadrant.", call("arctan2", "atan2", kinds="f"), flops=25,
                    grad=vjp(lambda y, x: x / (x**2 + y**2), lambda y, x: -y / (x**2 + y**2)))
 hypot = ufunc_op(np.hypot, "sqrt(x**2 + y**2) without overflow.", call("hypot", kinds="f"), flops=10,
                  grad=vjp(lambda x, y: x / np.hypot(x, y), lambda x, y: y / np.hypot(x, y)))
-equal = ufunc_op(np.equal, "x == y.", infix("=="), verify="exact")
-not_equal = ufunc_op(np.not_equal, "x != y.", infix("!="), verify="exact")
-less = ufunc_op(np.less, "x < y.", infix("<"), verify="exact")
-less_equal = ufunc_op(np.less_equal, "x <= y.", infix("<="), verify="exact")
-greater = ufunc_op(np.greater, "x > y.", infix(">"), verify="exact")
-greater_equal = ufunc_op(np.greater_equal, "x >= y.", infix(">="), verify="exact")
-logical_and = ufunc_op(np.logical_and, "Truth value of x AND y.", _AND, verify="exact")
-logical_or = ufunc_op(np.logical_or, "Truth value of x OR y.", _OR, verify="exact")
-logical_xor = ufunc_op(np.logical_xor, "Truth value of x XOR y.", _XOR, verify="exact")
-bitwise_and = ufunc_op(np.bitwise_and, "Bitwise AND of integers or booleans.", infix("&", kinds="biu"), verify="exact")
-bitwise_or = ufunc_op(np.bitwise_or, "Bitwise OR of integers or booleans.", infix("|", kinds="biu"), verify="exact")
-bitwise_xor = ufunc_op(np.bitwise_xor, "Bitwise XOR of integers or booleans.", infix("^", kinds="biu"), verify="exact")
-left_shift = ufunc_op(np.left_shift, "x << y (0 once y reaches the bit width).", _bits("left_shift"), verify="exact", domain=_SHIFTS)
-right_shift = ufunc_op(np.right_shift, "x >> y, arithmetic for signed integers.", _bits("right_shift"), verify="exact", domain=_SHIFTS)
+equal = ufunc_op(np.equal, "x == y.", infix("=="), verify=Exact(), operator=operator.eq)
+not_equal = ufunc_op(np.not_equal, "x != y.", infix("!="), verify=Exact(), operator=operator.ne)
+less = ufunc_op(np.less, "x < y.", infix("<"), verify=Exact(), operator=operator.lt)
+less_equal = ufunc_op(np.less_equal, "x <= y.", infix("<="), verify=Exact(), operator=operator.le)
+greater = ufunc_op(np.greater, "x > y.", infix(">"), verify=Exact(), operator=operator.gt)
+greater_equal = ufunc_op(np.greater_equal, "x >= y.", infix(">="), verify=Exact(), operator=operator.ge)
+logical_and = ufunc_op(np.logical_and, "Truth value of x AND y.", _AND, verify=Exact())
+logical_or = ufunc_op(np.logical_or, "Truth value of x OR y.", _OR, verify=Exact())
+logical_xor = ufunc_op(np.logical_xor, "Truth value of x XOR y.", _XOR, verify=Exact())
+bitwise_and = ufunc_op(np.bitwise_and, "Bitwise AND of integers or booleans.", infix("&", kinds="biu"), verify=Exact(), operator=operator.and_)
+bitwise_or = ufunc_op(np.bitwise_or, "Bitwise OR of integers or booleans.", infix("|", kinds="biu"), verify=Exact(), operator=operator.or_)
+bitwise_xor = ufunc_op(np.bitwise_xor, "Bitwise XOR of integers or booleans.", infix("^", kinds="biu"), verify=Exact(), operator=operator.xor)
+left_shift = ufunc_op(np.left_shift, "x << y (0 once y reaches the bit width).", _bits("left_shift"), verify=Exact(), domain=_SHIFTS, operator=operator.lshift)
+right_shift = ufunc_op(np.right_shift, "x >> y, arithmetic for signed integers.", _bits("right_shift"), verify=Exact(), domain=_SHIFTS, operator=operator.rshift)
 # fmt: on
 
 # -- ternary ---------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``compile_formula("a * exp(-b) + c", ["a", "b", "c"])`` parses the text with ``ast``,
 accepts only numbers, the given variables, the operators ``+ - * / // % ** & | ^ << >>
-~``, unary ``-``/``+``, single comparisons and calls of the catalog's elementwise ops
-(``exp``, ``where``, ``clip``, ``sigmoid``, ...; ``abs`` and ``pow`` are aliases), and
+~`` and single comparisons (each the op that declares that Python operator), and calls of
+the catalog's elementwise ops (``exp``, ``where``, ``clip``, ``sigmoid``, ...; aliases such
+as ``abs`` and ``pow`` as the ops declare them), and
 returns the canonical text over ``x0..xN`` (``"x0 * exp(-x1) + x2"``): the
 researcher's names never travel.  Anything else is a ValueError naming the piece.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import math
+import operator
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -38,23 +40,25 @@ from goblin_dask.ops._factories import (
     describe,
     dtype_arg,
     is_weak,
+    matrices,
     weak_of,
 )
 from goblin_dask.ops.registry import MAX_PARAM_STR, register
-from goblin_dask.ops.spec import Aval, OpSpec, elementwise_cost
+from goblin_dask.ops.spec import Aval, OpSpec, Replica, elementwise_cost
 
+#: Python's grammar: the operator each AST node is.  Which catalog op an operator means is
+#: the op's own declaration (``OpSpec.operator``), as for ga.Array's dunders.
 _BINOPS = {
-    ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide",
-    ast.FloorDiv: "floor_divide", ast.Mod: "remainder", ast.Pow: "power",
-    ast.BitAnd: "bitwise_and", ast.BitOr: "bitwise_or", ast.BitXor: "bitwise_xor",
-    ast.LShift: "left_shift", ast.RShift: "right_shift",
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+    ast.LShift: operator.lshift, ast.RShift: operator.rshift,
 }  # fmt: skip
-_UNARYOPS = {ast.USub: "negative", ast.UAdd: "positive", ast.Invert: "invert"}
+_UNARYOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
 _COMPARISONS = {
-    ast.Eq: "equal", ast.NotEq: "not_equal", ast.Lt: "less", ast.LtE: "less_equal",
-    ast.Gt: "greater", ast.GtE: "greater_equal",
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
 }  # fmt: skip
-_ALIASES = {"abs": "absolute", "pow": "power"}
 _HINTS = {
     ast.BoolOp: "'and'/'or' are not allowed, use logical_and(a, b) / logical_or(a, b)",
     ast.IfExp: "'x if c else y' is not allowed, use where(c, x, y)",
@@ -63,7 +67,34 @@ _HINTS = {
     ast.Lambda: "lambdas are not allowed",
     ast.NamedExpr: "assignments are not allowed",
 }
-_OP_NODES = {v: k for table in (_BINOPS, _UNARYOPS, _COMPARISONS) for k, v in table.items()}
+
+
+def _op_of(node_type: type) -> str | None:
+    """The catalog op an AST operator node means, or None when no op declares that operator."""
+    from goblin_dask.ops.registry import by_operator
+
+    python_operator = _BINOPS.get(node_type) or _UNARYOPS.get(node_type) or _COMPARISONS.get(node_type)
+    spec = by_operator(python_operator) if python_operator is not None else None
+    return spec.name if spec is not None else None
+
+
+def _node_of(opname: str) -> type | None:
+    """The AST operator node that writes op ``opname``, or None (then it is written as a call)."""
+    from goblin_dask.ops.registry import get
+
+    python_operator = get(opname).operator
+    for table in (_BINOPS, _UNARYOPS, _COMPARISONS):
+        for node_type, op in table.items():
+            if op is python_operator:
+                return node_type
+    return None
+
+
+def _resolve(name: str) -> str:
+    """A function name as written in a formula (an alias such as ``abs``) -> the op's name."""
+    from goblin_dask.ops.registry import aliases
+
+    return aliases().get(name, name)
 
 # IR: ("x", i) a variable, ("c", number) a literal, ("op", name, (children...)).
 
@@ -72,7 +103,7 @@ def _functions() -> dict[str, OpSpec]:
     """The functions a formula may call: the catalog's elementwise ops."""
     from goblin_dask.ops.registry import catalog
 
-    return {name: spec for name, spec in catalog().items() if "scalar" in spec.extra}
+    return {name: spec for name, spec in catalog().items() if spec.elementwise is not None}
 
 
 def _refuse(what: str, node: ast.AST) -> ValueError:
@@ -97,21 +128,21 @@ def _build(node: ast.AST, names: Sequence[str], functions: dict[str, OpSpec]) ->
         if isinstance(n, ast.Name):
             if n.id in names:
                 return ("x", names.index(n.id))
-            if n.id in functions or n.id in _ALIASES:
+            if _resolve(n.id) in functions:
                 raise _refuse(f"function {n.id!r} must be called", n)
             raise _refuse(f"unknown name {n.id!r} (variables: {', '.join(names)})", n)
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINOPS:
-            return ("op", _BINOPS[type(n.op)], (build(n.left), build(n.right)))
-        if isinstance(n, ast.UnaryOp) and type(n.op) in _UNARYOPS:
-            return ("op", _UNARYOPS[type(n.op)], (build(n.operand),))
+        if isinstance(n, ast.BinOp) and _op_of(type(n.op)) in functions:
+            return ("op", _op_of(type(n.op)), (build(n.left), build(n.right)))
+        if isinstance(n, ast.UnaryOp) and _op_of(type(n.op)) in functions:
+            return ("op", _op_of(type(n.op)), (build(n.operand),))
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
             raise _refuse("'not' is not allowed, use logical_not(x)", n)
         if isinstance(n, ast.Compare):
             if len(n.ops) != 1:
                 raise _refuse("chained comparisons are not allowed, use logical_and", n)
-            if type(n.ops[0]) not in _COMPARISONS:
+            if _op_of(type(n.ops[0])) not in functions:
                 raise _refuse(f"comparison {type(n.ops[0]).__name__} is not allowed", n)
-            return ("op", _COMPARISONS[type(n.ops[0])], (build(n.left), build(n.comparators[0])))
+            return ("op", _op_of(type(n.ops[0])), (build(n.left), build(n.comparators[0])))
         if isinstance(n, ast.Call):
             return build_call(n)
         if isinstance(n, (ast.BinOp, ast.UnaryOp)):
@@ -121,7 +152,7 @@ def _build(node: ast.AST, names: Sequence[str], functions: dict[str, OpSpec]) ->
     def build_call(n: ast.Call) -> tuple:
         if not isinstance(n.func, ast.Name):
             raise _refuse(_HINTS.get(type(n.func), "only the allowed functions may be called, by plain name"), n)
-        name = _ALIASES.get(n.func.id, n.func.id)
+        name = _resolve(n.func.id)
         if name not in functions:
             raise _refuse(f"unknown function {n.func.id!r} (allowed: {', '.join(sorted(functions))})", n)
         if n.keywords or any(isinstance(a, ast.Starred) for a in n.args):
@@ -133,7 +164,7 @@ def _build(node: ast.AST, names: Sequence[str], functions: dict[str, OpSpec]) ->
     return build(node)
 
 
-def _parse(text: str, names: Sequence[str]) -> tuple:
+def _parse(text: str, names: Sequence[str], *, allow_unused: bool = False) -> tuple:
     if not isinstance(text, str):
         raise ValueError(f"formula: expected the expression as a string, got {type(text).__name__}")
     try:
@@ -144,13 +175,13 @@ def _parse(text: str, names: Sequence[str]) -> tuple:
     for name in names:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"formula: variable name {name!r} is not an identifier")
-        if name in functions or name in _ALIASES:
+        if _resolve(name) in functions:
             raise ValueError(f"formula: variable name {name!r} is the name of a function")
     if len(set(names)) != len(names):
         raise ValueError(f"formula: variable names {list(names)} are not unique")
     ir = _build(tree.body, names, functions)
     unused = [names[i] for i in range(len(names)) if not _uses(ir, i)]
-    if unused:
+    if unused and not allow_unused:
         raise ValueError(f"formula: variable(s) {unused} not used in {text!r}")
     return ir
 
@@ -167,7 +198,7 @@ def _to_ast(ir: tuple) -> ast.expr:
     if ir[0] == "c":
         return ast.Constant(ir[1])
     name, args = ir[1], [_to_ast(c) for c in ir[2]]
-    node = _OP_NODES.get(name)
+    node = _node_of(name)
     if node in _BINOPS:
         return ast.BinOp(args[0], node(), args[1])
     if node in _UNARYOPS:
@@ -178,11 +209,37 @@ def _to_ast(ir: tuple) -> ast.expr:
 
 
 def compile_formula(text: str, names: Sequence[str]) -> str:
-    """Validate ``text`` over variables ``names``; the canonical expression over x0..xN."""
+    """Validate ``text`` over variables ``names`` (each used); the canonical expression over x0..xN."""
     names = list(names)
     if not names:
         raise ValueError("formula: needs at least one variable")
-    canonical = ast.unparse(_to_ast(_parse(text, names)))
+    return _canonical(_parse(text, names))
+
+
+def formula_over(text: str, variables: Sequence[str]) -> tuple[str, list[str]]:
+    """The canonical expression over the variables ``text`` uses, and their names in order.
+
+    Variables the expression does not use are left out, as ``numexpr.evaluate(text,
+    local_dict=...)`` ignores them (ValueError when it uses none).
+    """
+    names = list(variables)
+    ir = _parse(text, names, allow_unused=True)
+    used = [i for i in range(len(names)) if _uses(ir, i)]
+    if not used:
+        raise ValueError(f"formula: {text!r} uses none of the variables {names}")
+    return _canonical(_renumber(ir, {old: new for new, old in enumerate(used)})), [names[i] for i in used]
+
+
+def _renumber(ir: tuple, numbers: dict[int, int]) -> tuple:
+    if ir[0] == "x":
+        return ("x", numbers[ir[1]])
+    if ir[0] == "op":
+        return ("op", ir[1], tuple(_renumber(c, numbers) for c in ir[2]))
+    return ir
+
+
+def _canonical(ir: tuple) -> str:
+    canonical = ast.unparse(_to_ast(ir))
     if len(canonical) > MAX_PARAM_STR:
         raise ValueError(f"formula: expression too long ({len(canonical)} > {MAX_PARAM_STR} characters): {canonical!r}")
     return canonical
@@ -240,7 +297,7 @@ class Program:
             else:
                 children = [out[j][1] for j in node[2]]
                 try:
-                    loop = tuple(np.dtype(d) for d in spec.extra["loop"](*children))
+                    loop = tuple(np.dtype(d) for d in spec.elementwise.loop(*children))
                 except TypeError as e:
                     raise TypeError(f"formula: {spec.name} in {self.expr!r} on ({describe(children)}): {e}") from None
                 out.append((loop, weak_of(loop[-1]) if all(map(is_weak, children)) else loop[-1]))
@@ -259,7 +316,7 @@ class Program:
         return self.typed(self.dargs(args))[-1][0]
 
     def flops_per_element(self) -> float:
-        return float(sum(spec.extra["flops"] for spec in self.specs if spec is not None))
+        return float(sum(spec.elementwise.flops for spec in self.specs if spec is not None))
 
     # -- evaluation op by op -------------------------------------------------------
     def evaluate(self, args: Sequence[Any], *, keep: bool = False) -> Any:
@@ -324,7 +381,7 @@ class Program:
                 refs.append(repr(node[1]) + ("LL" if side == "cuda" and type(node[1]) is int else ""))
                 have.append(None)
                 continue
-            scalar = spec.extra["scalar"]
+            scalar = spec.elementwise.scalar
             if any(d.name not in supported or d.kind not in scalar.kinds for d in loop):
                 return None
             operands = [cast(refs[j], have[j], loop[n]) for n, j in enumerate(node[2])]
@@ -531,8 +588,14 @@ formula = register(
         numba=evaluate_formula_numba,
         cupy=evaluate_formula_cupy,
         cost=_formula_cost,
-        verify="replica",
+        verify=Replica(),
         grad=_formula_vjp,
         params=("expr",),
+        # the canonical text compile_formula writes: variables x0..xN, op names, numbers
+        text_params={"expr": r"[x0-9a-z_+\-*/%().,<>=!&|~ e]*"},
+        examples=lambda n, rng, dtype: [
+            (tuple(matrices(n, rng, dtype)), {"expr": "x0 * exp(-x1) + x0 / (1 + x1 * x1)"}),
+            (tuple(matrices(n, rng, dtype)), {"expr": "where(x0 > x1, sigmoid(x0), tanh(x1))"}),
+        ],
     )
 )

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from goblin_dask.ops._factories import check_dtype, normalize_axes, shape_param, unbroadcast
+from goblin_dask.ops._factories import check_dtype, matrices, normalize_axes, shape_param, unbroadcast
 from goblin_dask.ops.registry import register
-from goblin_dask.ops.spec import Aval, Cost, OpSpec
+from goblin_dask.ops.spec import Aval, Cost, Exact, OpSpec
 
 
 class LayoutIndexError(IndexError, ValueError):
@@ -38,7 +38,8 @@ def _same_dtype(opname: str):
     return rule
 
 
-def _layout_op(name: str, doc: str, shape_rule, numpy, grad, *, dtype_rule=None, arity: int | None = 1, params=()) -> OpSpec:
+def _layout_op(name: str, doc: str, shape_rule, numpy, grad, *, examples, dtype_rule=None, arity: int | None = 1,
+               params=(), text_params=None) -> OpSpec:
     return register(
         OpSpec(
             name=name,
@@ -47,10 +48,12 @@ def _layout_op(name: str, doc: str, shape_rule, numpy, grad, *, dtype_rule=None,
             dtype_rule=dtype_rule or _same_dtype(name),
             numpy=numpy,
             cost=_moved_bytes,
-            verify="exact",
+            verify=Exact(),
             grad=grad,
             arity=arity,
             params=params,
+            text_params=text_params or {},
+            examples=examples,
         )
     )
 
@@ -76,6 +79,7 @@ transpose = _layout_op(
     lambda x, *, axes=None: tuple(x.shape[i] for i in _permutation(x, axes)),
     lambda x, *, axes=None: np.transpose(x, _permutation(Aval.of(x), axes)),
     _transpose_vjp, params=("axes",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"axes": (1, 0)})],
 )  # fmt: skip
 
 
@@ -104,6 +108,7 @@ reshape = _layout_op(
     "reshape", "Same data in a new shape (C order; one -1 is inferred).",
     _reshape_shape, lambda x, *, shape: np.reshape(x, _reshape_shape(Aval.of(x), shape=shape)),
     _reshape_back, params=("shape",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"shape": (-1,)})],
 )  # fmt: skip
 
 
@@ -122,6 +127,7 @@ squeeze = _layout_op(
     lambda x, *, axis=None: tuple(n for i, n in enumerate(x.shape) if i not in _squeeze_axes(x, axis)),
     lambda x, *, axis=None: np.squeeze(x, axis=_squeeze_axes(Aval.of(x), axis)),
     _reshape_back, params=("axis",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0][:1],), {"axis": (0,)})],
 )  # fmt: skip
 
 
@@ -136,6 +142,7 @@ expand_dims = _layout_op(
     "expand_dims", "Insert axes of size 1 at the given positions of the result.",
     _expand_shape, lambda x, *, axis: np.reshape(x, _expand_shape(Aval.of(x), axis=axis)),
     _reshape_back, params=("axis",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"axis": (0,)})],
 )  # fmt: skip
 
 
@@ -157,6 +164,7 @@ broadcast_to = _layout_op(
     "broadcast_to", "A read-only view of x broadcast to a shape.",
     _broadcast_to_shape, lambda x, *, shape: np.broadcast_to(x, _broadcast_to_shape(Aval.of(x), shape=shape)),
     lambda g, x, *, shape: (unbroadcast(g, np.shape(x)),), params=("shape",),
+    examples=lambda n, rng, dt: [((rng.standard_normal(n).astype(dt),), {"shape": (n, n)})],
 )  # fmt: skip
 
 
@@ -199,6 +207,7 @@ getitem = _layout_op(
     "getitem", "Basic indexing x[index] with ints, slices, None and Ellipsis.",
     _getitem_shape, lambda x, *, index: np.asarray(x)[_basic_index(index)],
     _getitem_vjp, params=("index",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"index": (slice(1, None, 2), 0)})],
 )  # fmt: skip
 
 
@@ -218,7 +227,8 @@ def _astype_vjp(g: Any, x: Any, *, dtype: Any) -> tuple:
 astype = _layout_op(
     "astype", "x converted to another numeric dtype (NumPy's unsafe casting, a copy).",
     lambda x, *, dtype: x.shape, lambda x, *, dtype: np.asarray(x).astype(check_dtype("astype", dtype)),
-    _astype_vjp, dtype_rule=_astype_dtype, params=("dtype",),
+    _astype_vjp, dtype_rule=_astype_dtype, params=("dtype",), text_params={"dtype": r"[<>]?[a-z]+[0-9]*"},
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"dtype": "float32"})],
 )  # fmt: skip
 
 
@@ -255,6 +265,7 @@ concatenate = _layout_op(
     "concatenate", "Join arrays along an existing axis.",
     _concatenate_shape, lambda *xs, axis=0: np.concatenate(xs, axis=axis),
     _concatenate_vjp, dtype_rule=_joined_dtype, arity=None, params=("axis",),
+    examples=lambda n, rng, dt: [(tuple(matrices(n, rng, dt)), {"axis": 0})],
 )  # fmt: skip
 
 
@@ -276,4 +287,5 @@ stack = _layout_op(
     "stack", "Join arrays of one shape along a new axis.",
     _stack_shape, lambda *xs, axis=0: np.stack(xs, axis=axis),
     _stack_vjp, dtype_rule=_joined_dtype, arity=None, params=("axis",),
+    examples=lambda n, rng, dt: [(tuple(matrices(n, rng, dt)), {"axis": 1})],
 )  # fmt: skip

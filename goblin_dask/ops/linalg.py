@@ -1,8 +1,8 @@
 """Matrix products: the compute-dense core of the grid, verified by Freivalds checks.
 
 Every product here is, after transposes and reshapes, a (batched) matrix product:
-:func:`matmul_form` gives the lab that form, ``(c, a, b, c0)`` with ``c == a @ b + c0``,
-so one Freivalds check serves matmul, matmul_accumulate, tensordot and einsum.  The
+each op's ``Freivalds(form=...)`` gives the lab that form, ``c == a @ b + c0``
+(:class:`~goblin_dask.ops.spec.ProductForm`), so one Freivalds check serves them all.  The
 kernels compute through ``@`` (BLAS for floats), and are written against array methods
 only, so the same function runs NumPy arrays on a CPU and cupy arrays on a GPU.
 """
@@ -10,14 +10,15 @@ only, so the same function runs NumPy arrays on a CPU and cupy arrays on a GPU.
 from __future__ import annotations
 
 import math
+import operator
 import string
 from typing import Any
 
 import numpy as np
 
-from goblin_dask.ops._factories import normalize_axes, numeric_result, unbroadcast
+from goblin_dask.ops._factories import matrices, normalize_axes, numeric_result, unbroadcast
 from goblin_dask.ops.registry import register
-from goblin_dask.ops.spec import Aval, Cost, OpSpec
+from goblin_dask.ops.spec import Aval, Cost, Freivalds, OpSpec, ProductForm, Replica
 
 
 def _matmul_shape(a: Aval, b: Aval, opname: str = "matmul") -> tuple[int, ...]:
@@ -62,23 +63,36 @@ def _matmul_vjp(g: Any, a: Any, b: Any) -> tuple:
     return unbroadcast(ga, a2.shape).reshape(np.shape(a)), unbroadcast(gb, b2.shape).reshape(np.shape(b))
 
 
-def product_op(name: str, doc: str, shape_rule, kernel, cost, grad, *, numpy=None, **kw: Any) -> OpSpec:
-    """Declare a product: Freivalds-verified, NumPy's promoted dtype, ``kernel`` on NumPy and cupy arrays."""
+def product_op(name: str, doc: str, shape_rule, kernel, cost, grad, *, form, numpy=None, otherwise=Replica(),
+               **kw: Any) -> OpSpec:
+    """Declare a product: Freivalds-verified through ``form``, NumPy's promoted dtype, ``kernel`` on NumPy and cupy arrays."""
     return register(
         OpSpec(
             name=name, doc=doc, shape_rule=shape_rule, dtype_rule=numeric_result(name), numpy=numpy or kernel,
-            cupy=kernel, cost=cost, verify="freivalds", grad=grad, **kw,
+            cupy=kernel, cost=cost, verify=Freivalds(form=form, otherwise=otherwise), grad=grad, **kw,
         )  # fmt: skip
     )
+
+
+def _two_matrices(*param_sets: dict):
+    """Example calls: two n x n operands with each of ``param_sets``."""
+    return lambda n, rng, dtype: [(tuple(matrices(n, rng, dtype)), dict(p)) for p in param_sets]
 
 
 def _matmul(a: Any, b: Any) -> Any:
     return a @ b
 
 
+def _matmul_form(c: Any, a: Any, b: Any) -> ProductForm:
+    return ProductForm(c, a, b, same_layout=True)
+
+
 matmul = product_op(
     "matmul", "Matrix product a @ b with numpy's broadcasting of batch dimensions.",
-    _matmul_shape, _matmul, _matmul_cost, _matmul_vjp, numpy=np.matmul, arity=2,
+    _matmul_shape, _matmul, _matmul_cost, _matmul_vjp, form=_matmul_form, numpy=np.matmul, arity=2,
+    operator=operator.matmul,
+    examples=lambda n, rng, dtype: [(tuple(matrices(n, rng, dtype)), {}),
+                                    ((matrices(n, rng, dtype, 1)[0], rng.standard_normal(n).astype(dtype)), {})],
 )  # fmt: skip
 
 
@@ -118,9 +132,14 @@ def _accumulate_cost(c: Aval, a: Aval, b: Aval) -> Cost:
     return _product_cost(out, a.shape[-1], c, a, b, extra_flops=math.prod(out))
 
 
+def _accumulate_form(result: Any, c0: Any, a: Any, b: Any) -> ProductForm:
+    return ProductForm(result, a, b, c0, same_layout=True)
+
+
 matmul_accumulate = product_op(
     "matmul_accumulate", "c + a @ b: one step of a blocked product that accumulates along the inner dimension.",
-    _accumulate_shape, _matmul_accumulate, _accumulate_cost, _accumulate_vjp, arity=3,
+    _accumulate_shape, _matmul_accumulate, _accumulate_cost, _accumulate_vjp, form=_accumulate_form, arity=3,
+    examples=lambda n, rng, dtype: [(tuple(matrices(n, rng, dtype, 3)), {})],
 )  # fmt: skip
 
 
@@ -247,11 +266,23 @@ def _einsum_cotangent(g: Any, con: _Contraction, i: int, others: list) -> Any:
     return np.broadcast_to(r, tuple(con.sizes[c] for c in target)).copy()
 
 
+def _einsum_form(result: Any, *operands: Any, subscripts: str) -> ProductForm | None:
+    """The contraction as one batched matmul; None for one operand (only transposed and summed: no product)."""
+    if len(operands) != 2:
+        return None
+    con = _Contraction(subscripts, [np.shape(x) for x in operands])
+    a2, b2, _ = con.matmul_operands(*operands)
+    return ProductForm(con.output_as_matmul(result), a2, b2)
+
+
 einsum = product_op(
     "einsum", "Matmul-like einsum of one or two operands (distinct letters per operand, explicit output).",
-    _einsum_shape, _einsum, _einsum_cost, _einsum_vjp, params=("subscripts",),
-    # a single operand is only transposed and summed: there is no product to check
-    extra={"verify_one_operand": "replica"},
+    _einsum_shape, _einsum, _einsum_cost, _einsum_vjp, form=_einsum_form, otherwise=Replica(), params=("subscripts",),
+    text_params={"subscripts": r"[a-zA-Z]*(,[a-zA-Z]*)*(->[a-zA-Z]*)?"},
+    examples=lambda n, rng, dtype: [
+        *_two_matrices({"subscripts": "ij,jk->ik"}, {"subscripts": "ij,kj->ik"})(n, rng, dtype),
+        ((matrices(n, rng, dtype, 1)[0],), {"subscripts": "ij->ji"}),
+    ],
 )  # fmt: skip
 
 
@@ -306,29 +337,12 @@ def _tensordot_vjp(g: Any, a: Any, b: Any, *, axes: Any = 2) -> tuple:
     return _einsum_vjp(g, a, b, subscripts=_tensordot_subscripts(Aval.of(a), Aval.of(b), axes))
 
 
+def _tensordot_form(result: Any, a: Any, b: Any, *, axes: Any = 2) -> ProductForm:
+    return _einsum_form(result, a, b, subscripts=_tensordot_subscripts(Aval.of(a), Aval.of(b), axes))
+
+
 tensordot = product_op(
     "tensordot", "Sum of products over the given axes of a and b (numpy.tensordot).",
-    _tensordot_shape, _tensordot, _tensordot_cost, _tensordot_vjp, arity=2, params=("axes",),
+    _tensordot_shape, _tensordot, _tensordot_cost, _tensordot_vjp, form=_tensordot_form, arity=2, params=("axes",),
+    examples=_two_matrices({"axes": 1}, {"axes": ((0,), (1,))}),
 )  # fmt: skip
-
-
-def matmul_form(op: OpSpec | str, operands: tuple, result: Any, **params: Any) -> tuple[Any, Any, Any, Any]:
-    """``(c, a, b, c0)`` with ``c == a @ b (+ c0)`` for a product task, for a Freivalds check.
-
-    ``c0`` is None except for matmul_accumulate.  Raises ValueError for an op or einsum
-    that is not a product (one operand).
-    """
-    name = op if isinstance(op, str) else op.name
-    if name == "matmul":
-        return (result, *operands, None)
-    if name == "matmul_accumulate":
-        c0, a, b = operands
-        return result, a, b, c0
-    if name == "tensordot":
-        a, b = operands
-        params = {"subscripts": _tensordot_subscripts(Aval.of(a), Aval.of(b), params.get("axes", 2))}
-    elif name != "einsum" or len(operands) != 2:
-        raise ValueError(f"{name} with {len(operands)} operand(s) is not a matrix product")
-    con = _Contraction(params["subscripts"], [np.shape(x) for x in operands])
-    a2, b2, _ = con.matmul_operands(*operands)
-    return con.output_as_matmul(result), a2, b2, None

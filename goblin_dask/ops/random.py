@@ -14,6 +14,7 @@ import numpy as np
 
 from goblin_dask.ops._factories import check_dtype, shape_param
 from goblin_dask.ops.creation import creation_op, number_param
+from goblin_dask.ops.spec import Replica
 
 
 def _seed(opname: str, seed: Any) -> Any:
@@ -55,9 +56,11 @@ def _uniform(*, shape: Any = (), low: Any = 0.0, high: Any = 1.0, dtype: Any = "
 
 random_standard_normal = creation_op(
     "random_standard_normal", "Standard normal samples from PCG64(seed).", _standard_normal,
-    _random_rule("random_standard_normal"), ("shape", "dtype", "seed"), verify="replica",
+    _random_rule("random_standard_normal"), ("shape", "dtype", "seed"),
+    lambda n, rng, dtype: [{"shape": (n, n), "dtype": dtype, "seed": 7}], verify=Replica(),
 )  # fmt: skip
 random_uniform = creation_op(
     "random_uniform", "Uniform samples in [low, high) from PCG64(seed).", _uniform,
-    _random_rule("random_uniform"), ("shape", "low", "high", "dtype", "seed"), verify="replica",
+    _random_rule("random_uniform"), ("shape", "low", "high", "dtype", "seed"),
+    lambda n, rng, dtype: [{"shape": (n, n), "low": -1.0, "high": 2.0, "dtype": dtype, "seed": (7, 1)}], verify=Replica(),
 )  # fmt: skip

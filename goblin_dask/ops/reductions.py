@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from goblin_dask.ops import _moments_kernel
-from goblin_dask.ops._factories import check_dtype, normalize_axes
+from goblin_dask.ops._factories import DTYPE_TEXT, check_dtype, matrices, normalize_axes
 from goblin_dask.ops.kernels import register_warm_up
 from goblin_dask.ops.registry import register
-from goblin_dask.ops.spec import Aval, Cost, OpSpec
+from goblin_dask.ops.spec import Aval, Cost, Exact, OpSpec, Replica
 
 
 def reduce_axes(opname: str, x: Aval, axis: Any) -> tuple[int, ...]:
@@ -61,18 +61,25 @@ def _sum_dtype(opname: str):
     return rule
 
 
-def _accumulating(name: str, doc: str) -> OpSpec:
+def _one_matrix(*param_sets: dict):
+    """Example calls of a one-operand reduction: an n x n matrix with each of ``param_sets``."""
+    return lambda n, rng, dtype: [((matrices(n, rng, dtype, 1)[0],), dict(p)) for p in param_sets]
+
+
+def _accumulating(name: str, doc: str, combine: str, examples) -> OpSpec:
     fn = getattr(np, name)
     return register(OpSpec(
         name=name, doc=doc,
         shape_rule=lambda x, *, axis=None, keepdims=False, dtype=None: reduced_shape(name, x, axis, keepdims),
         dtype_rule=_sum_dtype(name),
         numpy=lambda x, *, axis=None, keepdims=False, dtype=None: np.asarray(fn(x, axis=axis, keepdims=keepdims, dtype=dtype)),
-        cost=_pass_cost, verify="replica", arity=1, params=("axis", "keepdims", "dtype"),
+        cost=_pass_cost, verify=Replica(), arity=1, params=("axis", "keepdims", "dtype"), combine=combine,
+        text_params={"dtype": DTYPE_TEXT},
+        examples=examples,
     ))
 
 
-def _selecting(name: str, doc: str, *, boolean: bool = False) -> OpSpec:
+def _selecting(name: str, doc: str, combine: str, examples, *, boolean: bool = False) -> OpSpec:
     fn = getattr(np, name)
 
     def shape_rule(x, *, axis=None, keepdims=False):
@@ -87,16 +94,24 @@ def _selecting(name: str, doc: str, *, boolean: bool = False) -> OpSpec:
     return register(OpSpec(
         name=name, doc=doc, shape_rule=shape_rule, dtype_rule=dtype_rule,
         numpy=lambda x, *, axis=None, keepdims=False: np.asarray(fn(x, axis=axis, keepdims=keepdims)),
-        cost=_pass_cost, verify="exact", arity=1, params=("axis", "keepdims"),
+        cost=_pass_cost, verify=Exact(), arity=1, params=("axis", "keepdims"), combine=combine, examples=examples,
     ))
 
 
-sum_ = _accumulating("sum", "Sum over axes (all when axis is None).")
-prod = _accumulating("prod", "Product over axes (all when axis is None).")
-max_ = _selecting("max", "Largest value over axes, propagating NaN.")
-min_ = _selecting("min", "Smallest value over axes, propagating NaN.")
-any_ = _selecting("any", "True where any value over the axes is nonzero.", boolean=True)
-all_ = _selecting("all", "True where every value over the axes is nonzero.", boolean=True)
+def _truth_examples(*param_sets: dict):
+    return lambda n, rng, dtype: [((rng.standard_normal((n, n)) > 1,), dict(p)) for p in param_sets]
+
+
+sum_ = _accumulating("sum", "Sum over axes (all when axis is None).", "add",
+                     _one_matrix({"axis": (1,), "keepdims": True}, {}))
+prod = _accumulating("prod", "Product over axes (all when axis is None).", "multiply", _one_matrix({"axis": (0,)}))
+max_ = _selecting("max", "Largest value over axes, propagating NaN.", "maximum", _one_matrix({"axis": (1,)}, {}))
+min_ = _selecting("min", "Smallest value over axes, propagating NaN.", "minimum",
+                  _one_matrix({"axis": (0,), "keepdims": True}))
+any_ = _selecting("any", "True where any value over the axes is nonzero.", "logical_or", _truth_examples({"axis": (0,)}),
+                  boolean=True)
+all_ = _selecting("all", "True where every value over the axes is nonzero.", "logical_and",
+                  _truth_examples({"axis": (1,)}), boolean=True)
 
 
 # -- argmax / argmin --------------------------------------------------------------------------
@@ -185,17 +200,26 @@ for _kind, _fn, _better in (("max", np.argmax, np.greater), ("min", np.argmin, n
     register(OpSpec(
         name=f"arg{_kind}", doc=f"Index of the {'largest' if _kind == 'max' else 'smallest'} value (flat when axis is None).",
         shape_rule=_arg_shape(f"arg{_kind}"), dtype_rule=_index_dtype(f"arg{_kind}"), numpy=_arg(_fn),
-        cost=_pass_cost, verify="exact", arity=1, params=("axis", "keepdims"),
+        cost=_pass_cost, verify=Exact(), arity=1, params=("axis", "keepdims"),
+        examples=_one_matrix({"axis": 1}, {}) if _kind == "max" else _one_matrix({"axis": 0, "keepdims": True}),
     ))
     register(OpSpec(
         name=f"arg{_kind}_partial", doc=f"Global index of a block's {_kind} (keepdims), from the block's offsets in the whole shape.",
         shape_rule=_partial_shape(f"arg{_kind}_partial"), dtype_rule=_index_dtype(f"arg{_kind}_partial"),
-        numpy=_arg_partial(_fn), cost=_pass_cost, verify="exact", arity=1, params=("axis", "offsets", "shape"),
+        numpy=_arg_partial(_fn), cost=_pass_cost, verify=Exact(), arity=1, params=("axis", "offsets", "shape"),
+        combine=f"arg{_kind}_combine",
+        examples=lambda n, rng, dtype: [
+            ((matrices(n, rng, dtype, 1)[0],), {"axis": 0, "offsets": (n, 0), "shape": (3 * n, n)}),
+            ((matrices(n, rng, dtype, 1)[0],), {"offsets": (0, n), "shape": (n, 2 * n)}),
+        ],
     ))
     register(OpSpec(
         name=f"arg{_kind}_combine", doc=f"Combine two (value, index) candidates of an arg{_kind}: the better value's index.",
         shape_rule=_combine_shape(f"arg{_kind}_combine"), dtype_rule=lambda v1, i1, v2, i2: np.dtype(np.int64),
-        numpy=_arg_combine(_better), cost=_pass_cost, verify="exact", arity=4,
+        numpy=_arg_combine(_better), cost=_pass_cost, verify=Exact(), arity=4,
+        examples=lambda n, rng, dtype: [(
+            (rng.standard_normal((1, n)).astype(dtype), np.zeros((1, n), np.int64),
+             rng.standard_normal((1, n)).astype(dtype), np.ones((1, n), np.int64)), {})],
     ))
 
 
@@ -254,11 +278,13 @@ register_warm_up(_moments_kernel.compile_all)
 register(OpSpec(
     name="moments", doc="Per-block (sum, sum of squared deviations) over axes, stacked on a new leading axis of 2.",
     shape_rule=_moments_shape, dtype_rule=moments_dtype, numpy=_moments_numpy, numba=_moments_numba,
-    cost=lambda x, **p: Cost(4.0 * x.size, float(x.nbytes)), verify="replica", arity=1, params=("axis",),
+    cost=lambda x, **p: Cost(4.0 * x.size, float(x.nbytes)), verify=Replica(), arity=1, params=("axis",),
+    combine="moments_combine", examples=_one_matrix({"axis": (0,)}, {}),
 ))
 register(OpSpec(
     name="moments_combine", doc="Merge two (sum, M2) partials of n1 and n2 elements (Chan et al.'s update).",
     shape_rule=_moments_combine_shape, dtype_rule=lambda p1, p2, **k: check_dtype("moments_combine", p1.dtype),
-    numpy=_moments_combine, cost=lambda p1, p2, **k: Cost(6.0 * p1.size, 3.0 * p1.nbytes), verify="replica",
-    arity=2, params=("n1", "n2"),
+    numpy=_moments_combine, cost=lambda p1, p2, **k: Cost(6.0 * p1.size, 3.0 * p1.nbytes), verify=Replica(),
+    arity=2, params=("n1", "n2"), examples=lambda n, rng, dtype: [(
+        tuple(np.stack([m[:1], np.abs(m[1:2])]) for m in matrices(n, rng, dtype)), {"n1": 3, "n2": 5})],
 ))

@@ -9,6 +9,8 @@ scheduler (before placing a task on a volunteer) and inside the volunteer agent
 
 from __future__ import annotations
 
+import functools
+import re
 import types
 from typing import Any, Mapping
 
@@ -18,6 +20,8 @@ from dask._task_spec import Alias, DataNode, GraphNode, List, Task, TaskRef, Tup
 from goblin_dask.ops.spec import CatalogTask, OpSpec
 
 _CATALOG: dict[str, OpSpec] = {}
+#: Other names (NumPy's ``abs``) -> the op's name.
+_ALIASES: dict[str, str] = {}
 
 #: Longest string a task may carry (op parameters such as einsum subscripts).
 MAX_PARAM_STR = 256
@@ -28,8 +32,12 @@ class CatalogError(LookupError):
 
 
 def register(spec: OpSpec) -> OpSpec:
-    if spec.name in _CATALOG and _CATALOG[spec.name] is not spec:
+    if spec.name in _CATALOG and _CATALOG[spec.name] is not spec or spec.name in _ALIASES:
         raise ValueError(f"catalog op {spec.name!r} declared twice")
+    for alias in spec.aliases:
+        if alias in _CATALOG or _ALIASES.get(alias, spec.name) != spec.name:
+            raise ValueError(f"alias {alias!r} of {spec.name!r} already names another op")
+        _ALIASES[alias] = spec.name
     _CATALOG[spec.name] = spec
     return spec
 
@@ -52,7 +60,26 @@ def op_by_name(name: str, version: int = 1) -> OpSpec:
 
 
 def get(name: str) -> OpSpec:
+    """The op called ``name`` or one of its aliases (``abs`` is ``absolute``)."""
+    _load_all()
+    name = _ALIASES.get(name, name)
     return op_by_name(name, _CATALOG[name].version if name in _CATALOG else 1)
+
+
+def aliases() -> Mapping[str, str]:
+    """Alias -> op name, as the ops declare them."""
+    _load_all()
+    return types.MappingProxyType(_ALIASES)
+
+
+def by_operator(python_operator: Any) -> OpSpec | None:
+    """The op a Python operator means (``operator.add`` -> ``add``), or None."""
+    return _operators().get(python_operator)
+
+
+@functools.cache
+def _operators() -> dict:
+    return {spec.operator: spec for spec in catalog().values() if spec.operator is not None}
 
 
 def is_registered(op: Any) -> bool:
@@ -101,16 +128,25 @@ def plain_data_violation(value: Any, where: str = "argument") -> str | None:
 
 
 def task_violation(task: Any, where: str = "task") -> str | None:
-    """Why ``task`` may not run on a volunteer, or None when it is catalog-only."""
+    """Why ``task`` may not run on a volunteer, or None: a task of a volunteer op of the catalog on plain data.
+
+    Ops placed on the lab only are not on a volunteer's allow-list either."""
     if isinstance(task, CatalogTask):
         if not is_registered(task.func):
             return f"{where}: op {task.func!r} is not in the catalog"
+        op = task.func
+        if op.placement == "lab":
+            return f"{where}: op {op.name} runs on the lab worker only (checking it would cost as much as computing it)"
         for i, a in enumerate(task.args):
-            if (why := plain_data_violation(a, f"{where} ({task.func.name}) operand {i}")) is not None:
+            if (why := plain_data_violation(a, f"{where} ({op.name}) operand {i}")) is not None:
                 return why
+            if next(_texts(a), None) is not None:
+                return f"{where} ({op.name}) operand {i}: text is no operand"
         for k, v in task.kwargs.items():
-            if (why := plain_data_violation(v, f"{where} ({task.func.name}) parameter {k}")) is not None:
+            if (why := plain_data_violation(v, f"{where} ({op.name}) parameter {k}")) is not None:
                 return why
+            if (why := text_violation(op, k, v)) is not None:
+                return f"{where}: {why}"
         return None
     if type(task) in (List, Tuple):
         for i, a in enumerate(task.args):
@@ -124,6 +160,33 @@ def task_violation(task: Any, where: str = "task") -> str | None:
     if isinstance(task, Task):
         return f"{where}: calls {_callable_name(task.func)}, which is not a catalog operation"
     return f"{where}: {type(task).__qualname__} is not a catalog task"
+
+
+def text_violation(op: OpSpec, param: str, value: Any) -> str | None:
+    """Why parameter ``param`` of ``op`` may not carry the text in ``value``, or None.
+
+    Text is allowed only in the op's declared ``text_params``, each string matching its grammar.
+    """
+    grammar = op.text_params.get(param)
+    for text in _texts(value):
+        if grammar is None:
+            return f"parameter {param!r} of {op.name} carries text {text[:40]!r}"
+        if not _grammar(grammar).fullmatch(text):
+            return f"parameter {param!r} of {op.name}: {text[:40]!r} is not in its grammar"
+    return None
+
+
+@functools.cache
+def _grammar(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+def _texts(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif type(value) in (tuple, list):
+        for v in value:
+            yield from _texts(v)
 
 
 def _callable_name(func: Any) -> str:

@@ -14,15 +14,13 @@ from __future__ import annotations
 import math
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import numpy as np
 from dask._task_spec import Task
 
-#: Verification methods an op may declare (see goblin_dask.validation).
-VERIFY_METHODS = ("freivalds", "replica", "recompute", "exact")
 #: Where a task of this op may run.  "volunteer": anywhere (volunteers preferred);
-#: "lab": only on the trusted lab worker (it reads the lab's data).
+#: "lab": only on the trusted lab worker (checking it would cost as much as computing it).
 PLACEMENTS = ("volunteer", "lab")
 
 _BACKEND = "cpu"
@@ -87,6 +85,99 @@ def elementwise_cost(*avals: Aval, flops_per_element: float = 1.0, **params: Any
     return Cost(flops_per_element * out, moved)
 
 
+# -- how a result is verified ----------------------------------------------------------
+
+
+class ProductForm(NamedTuple):
+    """A product task's result as ``c == a @ b (+ c0)``, what a Freivalds check reads.
+
+    ``same_layout``: ``c`` is the result itself (reshaped at most), so the lab's own product,
+    computed when a check fails, can stand in for a rejected result.
+    """
+
+    c: Any
+    a: Any
+    b: Any
+    c0: Any = None
+    same_layout: bool = False
+
+
+class Verification:
+    """How the lab checks a volunteer's result of an op (see :mod:`goblin_dask.validation.checks`)."""
+
+    #: the method's name in verdicts and reports
+    method: ClassVar[str]
+    #: checking costs the lab as much as computing: tasks of the op run on the lab worker only
+    lab_only: ClassVar[bool] = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@dataclass(frozen=True, repr=False)
+class Replica(Verification):
+    """A second volunteer computes it too (BOINC's adaptive replication); disagreements go to the lab."""
+
+    method: ClassVar[str] = "replica"
+
+
+@dataclass(frozen=True, repr=False)
+class Recompute(Verification):
+    """The lab computes it again and compares within rounding."""
+
+    method: ClassVar[str] = "recompute"
+    lab_only: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, repr=False)
+class Exact(Verification):
+    """The result is bitwise determined by the operands: the lab recomputes and compares exactly."""
+
+    method: ClassVar[str] = "exact"
+    lab_only: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Freivalds(Verification):
+    """A product: checked in O(output) against O(output x inner) to compute (:mod:`goblin_dask.validation.freivalds`).
+
+    ``form(result, *operands, **params)`` gives the task as a :class:`ProductForm`, or
+    None when this call is no product (a one-operand einsum); ``otherwise`` verifies those.
+    """
+
+    form: Callable[..., "ProductForm | None"]
+    otherwise: Verification = Replica()
+    method: ClassVar[str] = "freivalds"
+
+    def __post_init__(self) -> None:
+        if not callable(self.form):
+            raise TypeError(f"Freivalds(form=...) needs a callable, got {self.form!r}")
+        if isinstance(self.otherwise, Freivalds) or not isinstance(self.otherwise, Verification):
+            raise TypeError(f"Freivalds(otherwise=...) must be another kind of Verification, got {self.otherwise!r}")
+
+    def __repr__(self) -> str:
+        return f"Freivalds(form={getattr(self.form, '__name__', self.form)}, otherwise={self.otherwise!r})"
+
+
+#: An example call of an op: ``(operands, params)``.
+Example = tuple[tuple, dict]
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """What makes an op elementwise: the loop NumPy computes in, and its scalar code for fused kernels.
+
+    ``loop(*dtype_args) -> (in dtypes..., out dtype)`` (TypeError when unsupported);
+    ``scalar``: a :class:`goblin_dask.ops._factories.Scalar`; ``domain``: one ``(lo, hi)`` per
+    operand where the op is defined (for examples and benchmarks); ``flops`` per element.
+    """
+
+    loop: Callable[..., tuple]
+    scalar: Any
+    domain: tuple | None = None
+    flops: float = 1.0
+
+
 @dataclass(frozen=True, eq=False)
 class OpSpec:
     """A catalog operation.  Call it like its numpy kernel: ``op(*arrays, **params)``.
@@ -105,24 +196,50 @@ class OpSpec:
     numba: Callable[..., Any] | None = None
     cupy: Callable[..., Any] | None = None
     cost: Callable[..., Cost] = elementwise_cost
-    verify: str = "replica"
+    verify: Verification = Replica()
     grad: Any = None
-    placement: str = "volunteer"
+    #: "volunteer" or "lab"; by default "lab" exactly when the verification is ``lab_only``
+    placement: str | None = None
     arity: int | None = None
     version: int = 1
     #: Names of the static keyword parameters the op accepts (others are refused).
     params: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: The parameters that may carry text, each with its grammar (a regular expression the
+    #: whole string must match): einsum's subscripts, a formula, a dtype's name.  No other
+    #: text reaches a volunteer (:func:`goblin_dask.ops.registry.task_violation`).
+    text_params: Mapping[str, str] = field(default_factory=dict)
+    #: The Python operator that means this op (``operator.add``): ga.Array's dunders and formulas.
+    operator: Callable[..., Any] | None = None
+    #: Other names of the op (NumPy's ``abs`` for ``absolute``), in ga, formulas and NumPy dispatch.
+    aliases: tuple[str, ...] = ()
+    #: For a reduction: the op that merges two partial results (sum: ``add``).
+    combine: str | None = None
+    #: Set for elementwise ops (fused into formulas, broadcast block by block).
+    elementwise: Elementwise | None = None
+    #: ``examples(n, rng, dtype) -> [(operands, params), ...]`` on blocks about n x n: the
+    #: catalog tests and the GPU check run every op through these (elementwise ops draw their own).
+    examples: Callable[..., list[Example]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"op name {self.name!r} is not an identifier")
-        if self.verify not in VERIFY_METHODS:
-            raise ValueError(f"op {self.name}: verify={self.verify!r} not in {VERIFY_METHODS}")
-        if self.placement not in PLACEMENTS:
+        if not isinstance(self.verify, Verification):
+            raise TypeError(f"op {self.name}: verify={self.verify!r} must be a Verification "
+                            "(Freivalds(form=...), Replica(), Recompute() or Exact())")
+        placement = self.placement or ("lab" if self.verify.lab_only else "volunteer")
+        if placement not in PLACEMENTS:
             raise ValueError(f"op {self.name}: placement={self.placement!r} not in {PLACEMENTS}")
+        if placement == "volunteer" and self.verify.lab_only:
+            raise ValueError(f"op {self.name}: {self.verify!r} checks by computing again, so the op runs on the lab only")
+        object.__setattr__(self, "placement", placement)
         if not self.doc or "\n" in self.doc.strip():
             raise ValueError(f"op {self.name}: doc must be one line")
+        undeclared = set(self.text_params) - set(self.params)
+        if undeclared:
+            raise ValueError(f"op {self.name}: text parameter(s) {sorted(undeclared)} are not among its params")
+        for alias in self.aliases:
+            if not alias.isidentifier() or alias == self.name:
+                raise ValueError(f"op {self.name}: bad alias {alias!r}")
 
     # -- rules -------------------------------------------------------------------
     def _check_call(self, args: tuple, params: dict) -> None:
@@ -237,5 +354,3 @@ def is_catalog_task(task: Any) -> bool:
 
     return isinstance(task, CatalogTask) and is_registered(task.func)
 
-
-ReadOnlyCatalog = types.MappingProxyType
