@@ -176,7 +176,9 @@ def transfers(nbytes: int, repeats: int) -> dict[str, tuple[float, float]]:
             plain.kill()
         # the goblin link: a lab server the volunteer parks standby connections at
         link.install_lab_side()
-        lab = Server({"goblin_link_endpoints": lambda: [lab.address]})
+        from goblin_dask.node import rpc
+
+        lab = Server({rpc.LINK_ENDPOINTS: lambda: [lab.address]})
         await lab.listen("tls://127.0.0.1:0", **lab_security.get_listen_args("scheduler"))
         volunteer = _spawn("--volunteer", "nat", lab.address, creds["volunteer"].encode(), str(nbytes))
         try:
@@ -195,7 +197,7 @@ def tiny_tasks(n: int, repeats: int) -> float:
     """Tasks per second: ``n`` tiny tasks on the lab worker of a whole local grid."""
     import operator
 
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
 
     with LabNode.local(volunteers=1, dashboard=False) as node:
         client = node.client

@@ -342,6 +342,7 @@ def main(argv=None) -> int:
 
     import goblin_dask
     import goblin_dask.array as ga
+    from goblin_dask import settings
     from goblin_dask.array.linalg import product_blocks, volunteer_capacity
 
     import warnings
@@ -386,7 +387,7 @@ def main(argv=None) -> int:
 
         for n in sizes:
             for dt in dtypes:
-                frac = float(dask.config.get("goblin.product.memory-fraction", 0.25))
+                frac = float(settings.get("goblin.product.memory-fraction"))
                 bm, bk, bn = product_blocks(n, n, n, dt.itemsize, budget * frac, threads)
                 print(f"\n== n={n} {dt}: product blocks (bm, bk, bn) = ({bm}, {bk}, {bn})", flush=True)
                 a = rng.standard_normal((n, n)).astype(dt)

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/venv/bin/python benchmarks/verification.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
 
     kernel = blas()
     print(f"BLAS: {kernel}", flush=True)

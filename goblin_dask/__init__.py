@@ -1,11 +1,14 @@
 """goblin-dask: verified scientific computing on volunteer machines.
 
-Import-light on purpose: the lab node, the array API and the catalog load on first use.
+Import-light on purpose: the lab node, the array API and the catalog load on first use.  Importing
+it loads the ``goblin.*`` dask-config defaults (:mod:`goblin_dask.settings`, ``goblin.yaml``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from goblin_dask import settings  # noqa: F401  (the goblin.* defaults into dask's config)
 
 __version__ = "0.1.0"
 __all__ = ["LabNode", "connect", "__version__"]
@@ -13,7 +16,7 @@ __all__ = ["LabNode", "connect", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name in ("LabNode", "connect"):
-        from goblin_dask import lab
+        from goblin_dask.node import local
 
-        return getattr(lab, name)
+        return getattr(local, name)
     raise AttributeError(f"module 'goblin_dask' has no attribute {name!r}")

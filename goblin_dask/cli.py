@@ -18,7 +18,7 @@ def main() -> None:
 
 
 def _state_dir_option(f):
-    from goblin_dask.lab import default_state_dir
+    from goblin_dask.node.scheduler import default_state_dir
 
     return click.option("--state-dir", default=str(default_state_dir()), envvar="GOBLIN_STATE_DIR",
                         help="the lab node's state directory (secret, revocations, logs)")(f)
@@ -32,7 +32,8 @@ def _state_dir_option(f):
 @_state_dir_option
 def node(host, port, dashboard_port, no_dashboard, state_dir):
     """Run a lab node (scheduler with the goblin plugins) in the foreground."""
-    from goblin_dask.lab import run_async, serve_node
+    from goblin_dask.node.process import run_async
+    from goblin_dask.node.scheduler import serve_node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
 
@@ -58,7 +59,8 @@ def node(host, port, dashboard_port, no_dashboard, state_dir):
               help="port volunteers reach it on (their standby connections; open it in the lab's firewall)")
 def lab_worker(address, credential, nthreads, memory_limit, host, port):
     """Run the trusted lab worker (started by the lab node)."""
-    from goblin_dask.lab import run_async, serve_lab_worker
+    from goblin_dask.node.lab_worker import serve_lab_worker
+    from goblin_dask.node.process import run_async
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin lab-worker %(levelname)s %(message)s")
     run_async(serve_lab_worker(address, credential, nthreads=nthreads, memory_limit=memory_limit, host=host,
@@ -71,7 +73,7 @@ def lab_worker(address, credential, nthreads, memory_limit, host, port):
 def enroll(name, state_dir):
     """Print a volunteer credential for the lab node of STATE_DIR."""
     from goblin_dask.credentials import issue_credential
-    from goblin_dask.lab import read_node_file
+    from goblin_dask.node.scheduler import read_node_file
 
     credential = issue_credential(state_dir, "volunteer", name).encode()
     click.echo(credential)
@@ -87,22 +89,13 @@ def enroll(name, state_dir):
 @_state_dir_option
 def revoke(name, state_dir):
     """Revoke volunteer NAME's credential and disconnect it."""
-    from goblin_dask.credentials import LabKeys
-    from goblin_dask.lab import read_node_file
+    from goblin_dask.node.admin import revoke as revoke_credential
 
-    LabKeys(state_dir).revoke(name)
-    try:
-        address = read_node_file(state_dir)["address"]
-    except FileNotFoundError:
+    closed = revoke_credential(state_dir, name)
+    if closed is None:
         click.echo(f"revoked {name} (no running node to disconnect it from)")
-        return
-    from distributed import Client
-
-    from goblin_dask.credentials import admin_credential
-
-    with Client(address, timeout=10, security=admin_credential(state_dir).security()) as client:
-        closed = client.sync(client.scheduler.goblin_revoke, name=name)["closed"]
-    click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
+    else:
+        click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
 
 
 @main.command()

@@ -8,7 +8,7 @@ import click
 
 
 def _state_dir_option(f):
-    from goblin_dask.lab import default_state_dir
+    from goblin_dask.node.scheduler import default_state_dir
 
     return click.option("--state-dir", default=str(default_state_dir()), envvar="GOBLIN_STATE_DIR",
                         show_default=True, help="the lab node's state directory")(f)

@@ -13,7 +13,7 @@ def run_demo(n: int = 2048, chunk: int | None = None, volunteers: int = 2, dtype
              echo: Callable[[str], Any] | None = print) -> dict[str, Any]:
     """Start a local grid, compute a verified chunked product of two n x n matrices, check it."""
     import goblin_dask.array as ga
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
 
     say = echo or (lambda s: None)
     say(f"starting a local grid: lab node + lab worker + {volunteers} volunteer processes on 127.0.0.1 ...")

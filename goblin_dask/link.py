@@ -69,6 +69,9 @@ from distributed.comm.tcp import (
 from distributed.comm.addressing import parse_address, parse_host_port, unparse_host_port
 from tornado.iostream import StreamClosedError
 
+from goblin_dask import settings
+from goblin_dask.node import rpc
+
 logger = logging.getLogger("goblin_dask.link")
 
 #: The volunteer (role, name) whose bytes this thread is decoding; None: a trusted peer's.
@@ -90,16 +93,12 @@ class Refused(Exception):
 # -- configuration ---------------------------------------------------------------------
 
 def max_message() -> int:
-    limit = dask.config.get("goblin.link.max-message", None)
+    limit = settings.get("goblin.link.max-message")
     if limit is None:
         from distributed.system import MEMORY_LIMIT
 
         return int(MEMORY_LIMIT // 4)
     return int(dask.utils.parse_bytes(limit))
-
-
-def _setting(name: str, default):
-    return type(default)(dask.config.get(f"goblin.link.{name}", default))
 
 
 # -- refusals --------------------------------------------------------------------------
@@ -286,12 +285,12 @@ class LabTLSListener(TLSListener):
 
     async def _prepare_stream(self, stream, address):
         global _handshaking
-        if _handshaking >= _setting("max-handshakes", 512):
+        if _handshaking >= int(settings.get("goblin.link.max-handshakes")):
             stream.close()
             return None
         _handshaking += 1
         try:
-            await asyncio.wait_for(stream.wait_for_handshake(), _setting("handshake-timeout", 10.0))
+            await asyncio.wait_for(stream.wait_for_handshake(), float(settings.get("goblin.link.handshake-timeout")))
         except (OSError, asyncio.TimeoutError) as e:
             logger.info("TLS handshake with %s failed: %s", address, getattr(e, "real_error", None) or e or "timeout")
             stream.close()
@@ -311,7 +310,7 @@ class LabTLSListener(TLSListener):
         comm = self.comm_class(stream, self.prefix + get_stream_address(stream), address, self.deserialize)
         comm.allow_offload = self.allow_offload
         if isinstance(comm, VolunteerComm):
-            held, most = _volunteer_comms[comm.volunteer], _setting("max-connections", 32)
+            held, most = _volunteer_comms[comm.volunteer], int(settings.get("goblin.link.max-connections"))
             if sum(1 for c in held if not c.closed()) >= most:
                 refuse(comm.volunteer, f"opened more than {most} connections", ban=False)
                 comm.abort()
@@ -326,7 +325,7 @@ class LabTLSListener(TLSListener):
                 first = await comm.read()
             except (CommClosedError, OSError):
                 return
-            if isinstance(first, dict) and first.get("op") == "goblin_standby":
+            if isinstance(first, dict) and first.get("op") == rpc.STANDBY:
                 STANDBY.park(comm, first.get("address"))
                 return
             comm.pushed_back.append(first)
@@ -359,7 +358,7 @@ class Standby:
         live = [c for c in queue if not c.closed()]
         queue.clear()
         queue.extend(live)
-        while len(queue) >= _setting("max-standby", 8):
+        while len(queue) >= int(settings.get("goblin.link.max-standby")):
             queue.popleft().abort()
         queue.append(comm)
 
@@ -388,7 +387,7 @@ class NatConnector(Connector):
     async def connect(self, address, deserialize=True, **connection_args):
         comm = await STANDBY.take(f"nat://{address}")
         try:
-            await comm.write({"op": "goblin_activate"})
+            await comm.write({"op": rpc.ACTIVATE})
         except Exception:
             comm.abort()
             raise
@@ -442,14 +441,14 @@ def install_scheduler_side(scheduler, admission) -> None:
     """
     from scheduler_plugins.admission import _authorized
 
-    def goblin_link_endpoints() -> list[str]:
+    def link_endpoints() -> list[str]:
         return [scheduler.address, *sorted(admission.lab_workers())]
 
-    def goblin_refuse_volunteer(name: str, reason: str, ban: bool = True) -> None:
+    def refuse_volunteer(name: str, reason: str, ban: bool = True) -> None:
         admission.refuse_volunteer(str(name), str(reason), bool(ban))
 
-    for handler in (goblin_link_endpoints, goblin_refuse_volunteer):
-        scheduler.handlers[handler.__name__] = _authorized(handler.__name__, handler)
+    for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
+        scheduler.handlers[op] = _authorized(op, handler)
     set_refusal_handler(admission.refuse_volunteer)
 
 
@@ -511,7 +510,7 @@ class NatListener(Listener):
             try:
                 comm = await connect(self.lab, timeout=10, **self.dial)
                 try:
-                    await comm.write({"op": "goblin_link_endpoints", "reply": True})
+                    await comm.write({"op": rpc.LINK_ENDPOINTS, "reply": True})
                     found = await comm.read()
                 finally:
                     comm.abort()
@@ -525,19 +524,19 @@ class NatListener(Listener):
                 raise
             except Exception as e:
                 logger.debug("could not refresh the lab's endpoints: %s", e)
-            await asyncio.sleep(_setting("refresh", 5.0))
+            await asyncio.sleep(float(settings.get("goblin.link.refresh")))
 
     async def _keep_standby(self, endpoint: str) -> None:
         """Keep ``goblin.link.standby`` connections parked at ``endpoint``."""
         from distributed.comm import connect
 
-        slots = asyncio.Semaphore(max(1, _setting("standby", 2)))
+        slots = asyncio.Semaphore(max(1, int(settings.get("goblin.link.standby"))))
         wait = 0.2
         while True:
             await slots.acquire()
             try:
                 comm = await connect(endpoint, timeout=10, **self.dial)
-                await comm.write({"op": "goblin_standby", "address": self.contact_address})
+                await comm.write({"op": rpc.STANDBY, "address": self.contact_address})
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -563,7 +562,7 @@ class NatListener(Listener):
             if time.monotonic() - opened < 1.0:
                 await asyncio.sleep(1.0)  # the lab closed it at once: do not hammer it
             slots.release()
-        if msg != {"op": "goblin_activate"}:
+        if msg != {"op": rpc.ACTIVATE}:
             comm.abort()
             return
         try:

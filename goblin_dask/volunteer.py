@@ -214,7 +214,7 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
 
     ``credential`` is a :class:`goblin_dask.tls.Credential` (or its encoded string).
     """
-    from goblin_dask.lab import close_on_signals, no_spilling
+    from goblin_dask.node.process import close_on_signals, no_spilling
     from goblin_dask.roles import VOLUNTEER_RESOURCE
 
     from goblin_dask import link

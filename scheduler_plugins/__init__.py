@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 
-import dask
-
+from goblin_dask import settings
 from goblin_dask.credentials import LabKeys
 from scheduler_plugins.admission import AdmissionPlugin
 from scheduler_plugins.catalog_only import CatalogOnlyPlugin
@@ -33,7 +32,7 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     stream_guard = StreamGuardPlugin(scheduler, admission)  # what volunteers may say on their worker stream
     catalog_only = CatalogOnlyPlugin(scheduler, admission)
     minimization = MinimizationPlugin(scheduler)  # after placement: it judges what volunteers get
-    ledger = VerificationLedger(scheduler, admission, max_rejections=int(dask.config.get("goblin.max-rejections", 2)))
+    ledger = VerificationLedger(scheduler, admission, max_rejections=int(settings.get("goblin.max-rejections")))
     exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
     no_replicas(scheduler)
@@ -71,7 +70,7 @@ def no_replicas(scheduler) -> None:
 
 
 def dask_setup(scheduler) -> None:
-    state_dir = os.environ.get("GOBLIN_STATE_DIR") or dask.config.get("goblin.state-dir", None)
+    state_dir = os.environ.get("GOBLIN_STATE_DIR") or settings.get("goblin.state-dir")
     if not state_dir:
         raise RuntimeError("goblin scheduler plugins need a state directory: set GOBLIN_STATE_DIR")
     install(scheduler, state_dir)

@@ -23,6 +23,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask.credentials import CredentialError, LabKeys
+from goblin_dask.node import rpc
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
 from goblin_dask.tls import peer_identity
 
@@ -31,9 +32,7 @@ logger = logging.getLogger("goblin_dask.admission")
 
 
 #: The scheduler handlers a volunteer's connection may call.
-VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", "goblin_link_endpoints"})
-#: Handlers only the lab admin (and the lab's own processes) may call.
-ADMIN_HANDLERS = frozenset({"goblin_revoke", "goblin_refuse_volunteer", "terminate", "restart", "restart_workers", "retire_workers"})
+VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS})
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
 #: Roles allowed to open a client session.
@@ -55,7 +54,7 @@ RESEARCHER_HANDLERS = frozenset({
     "event_is_set", "semaphore_register", "semaphore_acquire", "semaphore_release", "semaphore_close",
     "semaphore_refresh_leases", "semaphore_value", "multi_lock_acquire", "multi_lock_release",
     # goblin, read-only
-    "goblin_report",
+    rpc.REPORT,
 })
 
 
@@ -78,9 +77,9 @@ class AdmissionPlugin(SchedulerPlugin):
         scheduler.handlers["set_resources"] = self.refuse_set_resources
         self._heartbeat = scheduler.handlers["heartbeat_worker"]
         scheduler.handlers["heartbeat_worker"] = self.heartbeat_worker
-        scheduler.handlers["goblin_revoke"] = self.revoke_handler
-        scheduler.handlers["goblin_ban"] = self.ban_handler
-        scheduler.handlers["goblin_workers"] = self.workers_handler
+        scheduler.handlers[rpc.REVOKE] = self.revoke_handler
+        scheduler.handlers[rpc.BAN] = self.ban_handler
+        scheduler.handlers[rpc.WORKERS] = self.workers_handler
 
     # -- queries -----------------------------------------------------------------
     def lab_workers(self) -> list[str]:

@@ -24,8 +24,9 @@ import ipaddress
 import time
 from typing import Callable
 
-import dask
 from tornado import web
+
+from goblin_dask import settings
 
 #: the request attribute the guard sets: "admin", "loopback", or None
 TRUST_ATTRIBUTE = "goblin_trusted"
@@ -130,13 +131,13 @@ def install_dashboard_guard(scheduler, access_app: web.Application | None) -> Da
     application = getattr(scheduler, "http_application", None)
     if application is None:
         return None
-    conf = dask.config.get("goblin.dashboard", None) or {}
-    trust_loopback = bool(conf.get("trust-loopback", True)) and listens_on_loopback_only(scheduler.http_server)
+    trust_loopback = (bool(settings.get("goblin.dashboard.trust-loopback"))
+                      and listens_on_loopback_only(scheduler.http_server))
     guard = DashboardGuard(
         (lambda request: admin_of_request(access_app, request)) if access_app is not None else (lambda request: None),
         public_handlers=(HealthHandler, ReportHandler), public_apps=(access_app,) if access_app is not None else (),
-        trust_loopback=trust_loopback, rate=float(conf.get("anonymous-rate", 20)),
-        burst=float(conf.get("anonymous-burst", 60)))
+        trust_loopback=trust_loopback, rate=float(settings.get("goblin.dashboard.anonymous-rate")),
+        burst=float(settings.get("goblin.dashboard.anonymous-burst")))
     find_handler = application.find_handler
 
     def guarded_find_handler(request, **kwargs):

@@ -39,11 +39,11 @@ import math
 from collections import defaultdict
 from typing import Any
 
-import dask
 import numpy as np
 from dask._task_spec import Alias, Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask import settings
 from goblin_dask.array.sources import carries_lab_data, lab_block, read_block, share_cap
 from goblin_dask.ops.spec import CatalogTask
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
@@ -204,18 +204,16 @@ class ExposurePlugin(SchedulerPlugin):
         #: volunteer address -> array id -> Coverage planned (max-exposure placement)
         self.planned: dict[str, dict[str, Coverage]] = defaultdict(dict)
         self.pinned: dict[Any, str] = {}
-        self.kept: set = set()  # unverified keys the lab computes instead (their no-op runs on the lab)
-        self.kept_count = 0
 
     # -- configuration ------------------------------------------------------------
     @staticmethod
     def max_share() -> float:
-        share = dask.config.get("goblin.minimization.max-share", 0.25)
+        share = settings.get("goblin.minimization.max-share")
         return 1.0 if share is None else float(share)
 
     @staticmethod
     def max_exposure() -> float | None:
-        cap = dask.config.get("goblin.minimization.max-exposure", None)
+        cap = settings.get("goblin.minimization.max-exposure")
         return None if cap is None else float(cap)
 
     # -- lineage ------------------------------------------------------------------
@@ -302,6 +300,9 @@ class ExposurePlugin(SchedulerPlugin):
         allowed = set(self.admission.volunteers()) - {exclude}
         if ts.worker_restrictions:
             allowed &= set(ts.worker_restrictions)
+        ledger = self.scheduler.plugins.get("goblin-verification")
+        excluded = getattr(ledger, "restricted", {}).get(ts.key, ())  # a replica: never the volunteer it checks
+        allowed = {a for a in allowed if self.admission.names.get(a, a) not in excluded}
         best = None
         for addr in sorted(allowed):
             name = self.admission.names.get(addr, addr)
@@ -352,8 +353,6 @@ class ExposurePlugin(SchedulerPlugin):
             ts.run_spec = Task(ts.key, kept_on_lab)
             ts.resource_restrictions = {LAB_RESOURCE: 1}
             ts.worker_restrictions = None
-            self.kept.add(ts.key)
-        self.kept_count += 1
         self.pinned.pop(ts.key, None)
         logger.info("task %r computed on the lab worker: %s", ts.key, why)
 
@@ -364,17 +363,12 @@ class ExposurePlugin(SchedulerPlugin):
             self.record(ts, ts.processing_on.address)
         elif start == "processing" and finish == "memory" and worker and ts is not None:
             self.record(ts, worker)
-            if key in self.kept:  # the ledger counted a volunteer task: it was the lab's no-op
-                ledger = self.scheduler.plugins.get("goblin-verification")
-                if ledger is not None and ledger.computed_by.pop(key, None) is not None:
-                    ledger.tasks -= 1
         if finish in ("memory", "erred", "forgotten", "released"):
             addr = self.pinned.pop(key, None) if finish != "released" else None
             if addr is not None and not self.pinned_to(addr):
                 self.planned.pop(addr, None)  # its plan is all received now
         if finish == "forgotten":
             self.lineage.pop(key, None)
-            self.kept.discard(key)
 
     def pinned_to(self, addr: str) -> bool:
         return any(a == addr for a in self.pinned.values())
@@ -394,8 +388,9 @@ class ExposurePlugin(SchedulerPlugin):
         for key in [k for k, a in self.pinned.items() if a == worker]:
             ts = scheduler.tasks.get(key)
             self.pinned.pop(key, None)
-            if ts is None or ts.state in ("memory", "erred", "forgotten") or cap is None:
-                continue
+            if ts is None or ts.state not in ("released", "waiting", "no-worker") or cap is None \
+                    or ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1}:
+                continue  # done, or placed again already (the ledger places the replicas it restricts first)
             ts.worker_restrictions = None
             self.plan(ts, self.needs(ts), cap, exclude=worker)
 

@@ -38,10 +38,10 @@ import time
 from collections import deque
 from typing import Any
 
-import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from goblin_dask import settings
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import is_unverified_key
 from scheduler_plugins.admission import AdmissionPlugin
@@ -83,10 +83,15 @@ class FaultPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self.admission = admission
         self.ledger = ledger
-        get = lambda name, default: dask.config.get(f"goblin.faults.{name}", default)  # noqa: E731
-        self.max_consecutive = max(1, int(max_consecutive if max_consecutive is not None else get("max-consecutive", 3)))
-        self.cooldown = float(cooldown if cooldown is not None else get("cooldown", 60))
-        self.max_attempts = max(1, int(max_attempts if max_attempts is not None else get("max-attempts", 2)))
+        if max_consecutive is None:
+            max_consecutive = settings.get("goblin.faults.max-consecutive")
+        if cooldown is None:
+            cooldown = settings.get("goblin.faults.cooldown")
+        if max_attempts is None:
+            max_attempts = settings.get("goblin.faults.max-attempts")
+        self.max_consecutive = max(1, int(max_consecutive))
+        self.cooldown = float(cooldown)
+        self.max_attempts = max(1, int(max_attempts))
         #: key -> names of the volunteers it failed on (while it is not computed)
         self.failed_on: dict[Any, set[str]] = {}
         #: volunteer name -> failures since its last success (or cooldown)

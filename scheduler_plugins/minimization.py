@@ -3,7 +3,7 @@
 What a volunteer receives with a task is its key, its dependencies' keys, its run_spec
 (op name, operands, parameters) and its annotations.  For every task placed on a
 volunteer this plugin requires opaque keys (``<op>-<hex token>`` plus block indices:
-no user-given names), strips annotations, and admits only the string parameters the
+no user-given names; exactly the shapes :mod:`goblin_dask.array.keys` makes), strips annotations, and admits only the string parameters the
 catalog needs (einsum subscripts, canonical formulas, dtype names), each checked
 against its grammar.  A task that would break a rule is refused with a clear error to
 the researcher (it runs, on the lab worker, as a task that raises) instead of being sent.
@@ -12,41 +12,33 @@ the researcher (it runs, on the lab worker, as a task that raises) instead of be
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from dask._task_spec import Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.array import keys
 from goblin_dask.ops import catalog
+from goblin_dask.ops.registry import text_violation
 from goblin_dask.ops.spec import CatalogTask
+from goblin_dask.validation.checks import UNVERIFIED_PREFIX
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from scheduler_plugins.catalog_only import refused
 
 logger = logging.getLogger("goblin_dask.minimization")
 
-#: Fixed words the array layer appends to an opaque name for a task's intermediate parts
-#: (``matmul-<token>-partial``, a reduction's ``-tree``/``-block``/``-root`` ...): code, never data.
-KEY_SUFFIXES = ("partial", "tree", "block", "value", "index", "root")
-_TOKEN = re.compile(r"^(?:unverified-)?(?P<prefix>[a-z][a-z0-9_]*)-[0-9a-f]{8,}"
-                    rf"(?:-(?:{'|'.join(KEY_SUFFIXES)}))?$")
-#: Key prefixes that name no data: catalog ops plus the array layer's plumbing.
-PLUMBING_PREFIXES = frozenset({"array", "block", "source", "lab_block", "from_array", "rechunk", "chunk"})
-
-#: Grammar of each string parameter a volunteer may receive.
-STRING_PARAMS = {
-    "subscripts": re.compile(r"^[a-zA-Z]*(,[a-zA-Z]*)*(->[a-zA-Z]*)?$"),
-    "expr": re.compile(r"^[x0-9a-z_+\-*/%().,<>=!&|~ e]*$"),
-    "dtype": re.compile(r"^(bool|u?int(8|16|32|64)|float(16|32|64)|complex(64|128))$"),
-}
+#: Key prefixes that name no data besides the catalog's ops: the array layer's plumbing
+#: (its intermediate parts, ``-partial``, ``-tree`` ..., are ``keys.PARTS``: code, never data).
+PLUMBING_PREFIXES = frozenset(keys.PLUMBING)
 
 
 def key_violation(key: Any) -> str | None:
     """Why ``key`` may name data (user-given names), or None when it is opaque."""
     parts = key if isinstance(key, tuple) else (key,)
     name, indices = parts[0], parts[1:]
-    match = _TOKEN.match(name) if isinstance(name, str) else None
-    if match is None or not (match["prefix"] in catalog() or match["prefix"] in PLUMBING_PREFIXES):
+    bare = name[len(UNVERIFIED_PREFIX):] if isinstance(name, str) and name.startswith(UNVERIFIED_PREFIX) else name
+    split = keys.split_name(bare)
+    if split is None or not (split.prefix in catalog() or split.prefix in PLUMBING_PREFIXES):
         return f"key {name!r} is not an opaque '<operation>-<token>' key"
     if not all(isinstance(i, int) for i in indices):
         return f"key {key!r} has non-integer block indices"
@@ -54,23 +46,15 @@ def key_violation(key: Any) -> str | None:
 
 
 def string_violation(spec: CatalogTask) -> str | None:
+    """Why ``spec`` carries text a volunteer may not receive: text only in the op's declared
+    ``text_params``, matching their grammars (the same rule the volunteer applies)."""
     for i, a in enumerate(spec.args):
         if isinstance(a, str):
             return f"operand {i} of {spec.func.name} is a string"
     for name, value in spec.kwargs.items():
-        for v in _strings(value):
-            grammar = STRING_PARAMS.get(name)
-            if grammar is None or len(v) > 256 or not grammar.match(v):
-                return f"parameter {name!r} of {spec.func.name} carries text {v[:40]!r}"
+        if (why := text_violation(spec.func, name, value)) is not None:
+            return why
     return None
-
-
-def _strings(value: Any):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _strings(v)
 
 
 class MinimizationPlugin(SchedulerPlugin):

@@ -15,7 +15,8 @@ and an unreplicated result is recomputed by the lab with probability
 ``sample-rate * threshold / trust`` (at least ``min-sample-rate``); the rest are
 accepted on trust.  Products are always Freivalds-checked (cheap, whatever the trust).
 The lab worker asks for that decision on the ``goblin_policy`` handler; the replica
-task it then submits is restricted here to volunteers other than the first one.
+task it then submits is restricted here to volunteers other than the first one (when
+none is connected, or the last of them leaves before running it, the lab worker computes it).
 
 A rejected result costs the volunteer its trust; at ``goblin.max-rejections`` (2)
 rejections it is banned: its credential revoked, disconnected, refused on reconnect.
@@ -37,13 +38,14 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from goblin_dask.roles import VOLUNTEER_RESOURCE
+from goblin_dask import settings
+from goblin_dask.node import rpc
+from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.tls import peer_identity
-from goblin_dask.validation.checks import POLICY_HANDLER, UNVERIFIED_PREFIX, VERDICTS, as_key, is_unverified_key
+from goblin_dask.validation.checks import UNVERIFIED_PREFIX, VERDICTS, as_key, is_unverified_key
 from scheduler_plugins.admission import AdmissionPlugin
 
 logger = logging.getLogger("goblin_dask.verification")
@@ -71,31 +73,40 @@ class VolunteerRecord:
 
 @dataclass(frozen=True)
 class TrustPolicy:
-    """How much checking a volunteer's replica-method results get, by trust."""
+    """How much checking a volunteer's replica-method results get, by trust (``goblin.verification.*``)."""
 
-    threshold: int = 10
-    min_replica_rate: float = 0.05
-    sample_rate: float = 0.1
-    min_sample_rate: float = 0.01
+    threshold: int
+    min_replica_rate: float
+    sample_rate: float
+    min_sample_rate: float
 
     @classmethod
     def from_config(cls) -> "TrustPolicy":
-        get = lambda name, default: dask.config.get(f"goblin.verification.{name}", default)  # noqa: E731
-        return cls(int(get("trust-threshold", cls.threshold)), float(get("min-replica-rate", cls.min_replica_rate)),
-                   float(get("sample-rate", cls.sample_rate)), float(get("min-sample-rate", cls.min_sample_rate)))
+        return cls(int(settings.get("goblin.verification.trust-threshold")),
+                   float(settings.get("goblin.verification.min-replica-rate")),
+                   float(settings.get("goblin.verification.sample-rate")),
+                   float(settings.get("goblin.verification.min-sample-rate")))
 
     def replica_rate(self, trust: int) -> float:
-        return 1.0 if trust < self.threshold else max(self.min_replica_rate, self.threshold / trust)
+        if trust < self.threshold:
+            return 1.0
+        # (a threshold of 0 trusts a volunteer with no record yet: the floor, not a division by 0)
+        return max(self.min_replica_rate, self.threshold / trust) if trust else self.min_replica_rate
 
     def sampling_rate(self, trust: int) -> float:
         """Of the results not replicated."""
-        return 1.0 if trust < self.threshold else max(self.min_sample_rate, self.sample_rate * self.threshold / trust)
+        if trust < self.threshold:
+            return 1.0
+        return max(self.min_sample_rate, self.sample_rate * self.threshold / trust) if trust else self.min_sample_rate
 
 
 def _replica_key(raw_key: Any) -> Any:
     """A fresh opaque ``unverified-<op>-<token>`` key with the same block indices."""
     name = raw_key[0] if isinstance(raw_key, tuple) else raw_key
-    op = str(name)[len(UNVERIFIED_PREFIX):].rsplit("-", 1)[0]
+    from goblin_dask.array.keys import split_name
+
+    parts = split_name(str(name)[len(UNVERIFIED_PREFIX):])  # <op>-<token>[-<part>]: the op is the prefix
+    op = parts.prefix if parts is not None else "replica"
     fresh = f"{UNVERIFIED_PREFIX}{op}-{secrets.token_hex(16)}"
     return (fresh,) + tuple(raw_key[1:]) if isinstance(raw_key, tuple) else fresh
 
@@ -109,13 +120,15 @@ class VerificationLedger(SchedulerPlugin):
         self.admission = admission
         self.max_rejections = max_rejections
         self.policy = policy or TrustPolicy.from_config()
-        self.deadline = float(deadline if deadline is not None else dask.config.get("goblin.verification.deadline", 300))
+        self.deadline = float(deadline if deadline is not None else settings.get("goblin.verification.deadline"))
         self.computed_by: dict[Any, str] = {}
         #: volunteer address -> name, kept after it leaves (its results may still be under check)
         self.addresses: dict[str, str] = {}
         self._forgotten: OrderedDict[Any, str] = OrderedDict()
         #: replica key -> names of the volunteers it must not run on
         self.replicas: dict[Any, frozenset[str]] = {}
+        #: tasks restricted to some volunteers (replicas, reissued tasks) -> the names they must not run on
+        self.restricted: dict[Any, frozenset[str]] = {}
         self.compute_seconds = 0.0
         self.check_seconds = 0.0
         self.check_cpu_seconds = 0.0
@@ -129,8 +142,8 @@ class VerificationLedger(SchedulerPlugin):
         self._busy_since: dict[str, float] = {}
         self._rng = random.Random(secrets.randbits(64))
         self._deadlines: PeriodicCallback | None = None
-        scheduler.handlers["goblin_report"] = lambda: self.report()
-        scheduler.handlers[POLICY_HANDLER] = self.policy_handler
+        scheduler.handlers[rpc.REPORT] = lambda: self.report()
+        scheduler.handlers[rpc.POLICY] = self.policy_handler
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -150,6 +163,18 @@ class VerificationLedger(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self._busy_since.pop(worker, None)
+        # tasks restricted to some volunteers (replicas, reissued tasks) that only it could run
+        stranded = {}
+        for key, excluded in list(self.restricted.items()):
+            ts = scheduler.tasks.get(key)
+            if ts is None:
+                del self.restricted[key]
+            elif ts.state in ("released", "waiting", "no-worker") and worker in (ts.worker_restrictions or ()):
+                self._place(ts, excluded)
+                if ts.state == "no-worker":
+                    stranded[key] = "processing"  # or it stays there, if nobody can take it yet
+        if stranded:
+            scheduler.transitions(stranded, stimulus_id=f"goblin-restricted-{time.time()}")
 
     # -- placement of replicas -----------------------------------------------------
     def update_graph(self, scheduler, *, tasks: list, **kwargs: Any) -> None:
@@ -158,7 +183,7 @@ class VerificationLedger(SchedulerPlugin):
             ts = scheduler.tasks.get(key)
             if excluded is None or ts is None or ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1}:
                 continue
-            self._restrict(ts, excluded)
+            self._place(ts, excluded)
 
     def _restrict(self, ts, excluded) -> bool:
         """Only volunteers whose names are not ``excluded`` may run ``ts``; False when there are none."""
@@ -167,21 +192,41 @@ class VerificationLedger(SchedulerPlugin):
             return False
         ts.worker_restrictions = eligible
         ts.loose_restrictions = False
+        self.restricted[ts.key] = frozenset(excluded)
         return True
+
+    def _place(self, ts, excluded) -> None:
+        """On a volunteer not ``excluded``; when none is connected, the lab worker computes ``ts``
+        (a replica never goes to the volunteer whose result it checks, nor waits for one that left)."""
+        if self._restrict(ts, excluded):
+            return
+        ts.resource_restrictions = {LAB_RESOURCE: 1}
+        ts.worker_restrictions = None
+        ts.loose_restrictions = False
+        self.restricted.pop(ts.key, None)
+        logger.info("task %r goes to the lab worker: no volunteer but %s may run it", ts.key,
+                    ", ".join(sorted(excluded)) or "none")
 
     # -- what volunteers computed ----------------------------------------------------
     def transition(self, key, start, finish, *args, worker: str | None = None, startstops=None, metadata=None,
                    **kwargs) -> None:
+        if finish == "forgotten":  # (one in memory may be lost with its worker and computed again)
+            self.restricted.pop(key, None)
         if start == "processing" and finish == "memory" and metadata and VERDICTS in metadata:
             self.on_verdicts(worker, **metadata[VERDICTS])
         if start == "processing" and finish == "memory" and worker and is_unverified_key(key):
+            seconds = sum(ss["stop"] - ss["start"] for ss in startstops or () if ss.get("action") == "compute")
+            if key in self.replicas:  # a replica is verification work, wherever it ran
+                self.replica_seconds += seconds
+            if not self.admission.is_volunteer(worker):
+                # the lab worker computed a volunteer task (moved there after failures, or kept there by
+                # the exposure cap): nobody's result to credit or blame, and no volunteer's compute time
+                self.computed_by.pop(key, None)
+                return
             self.computed_by[key] = self.admission.names.get(worker, worker)
             self._busy_since[worker] = time.time()  # it makes progress
             self.tasks += 1
-            seconds = sum(ss["stop"] - ss["start"] for ss in startstops or () if ss.get("action") == "compute")
-            if key in self.replicas:  # a replica is verification work
-                self.replica_seconds += seconds
-            else:
+            if key not in self.replicas:
                 self.compute_seconds += seconds
         elif finish == "forgotten" and key in self.computed_by:
             self._forgotten[key] = self.computed_by.pop(key)

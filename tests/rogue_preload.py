@@ -5,9 +5,10 @@ standby connections (``goblin_dask.link``) like the real one, and has none of th
 """
 
 from goblin_dask import link
+from goblin_dask.node import rpc
 
 link.install_lab_side()  # at import: before the scheduler listens
 
 
 def dask_setup(scheduler):
-    scheduler.handlers["goblin_link_endpoints"] = lambda: [scheduler.address]
+    scheduler.handlers[rpc.LINK_ENDPOINTS] = lambda: [scheduler.address]

@@ -28,7 +28,7 @@ def close(got, want, rtol=1e-10, atol=1e-12):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
 
 
-ELEMENTWISE = sorted(n for n, s in catalog().items() if "loop" in s.extra)
+ELEMENTWISE = sorted(n for n, s in catalog().items() if s.elementwise is not None)
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -333,3 +333,183 @@ def test_xarray_round_trip():
         computed = g.compute()
     assert isinstance(computed.t.data, np.ndarray)
     xr.testing.assert_allclose(computed, ds)
+
+
+# -- the API is the catalog's -------------------------------------------------------------------
+
+OPERATOR_OPS = sorted(n for n, s in catalog().items() if s.operator is not None)
+
+
+def _dunder(python_operator) -> str:
+    return f"__{python_operator.__name__.strip('_')}__"
+
+
+@pytest.mark.parametrize("name", OPERATOR_OPS)
+def test_every_catalog_operator_is_a_written_out_dunder_of_ga_array(name):
+    import inspect
+    import operator
+
+    spec = catalog()[name]
+    py = spec.operator
+    method = inspect.getattr_static(ga.Array, _dunder(py))
+    assert getattr(method, "__module__", None) == "goblin_dask.array.core", (name, method)
+    if spec.elementwise is None:  # matmul: the blocked product
+        arrays = [RNG.standard_normal((5, 4)), RNG.standard_normal((4, 3))]
+        chunks = [(2, 3), (3, 1)]
+    else:
+        dt = "float64" if computes_on(spec, "float64") else "int64"
+        shapes, chunks = [(7, 5), (5,)][: spec.arity], [(3, 2), (2,)][: spec.arity]
+        arrays = [draw(spec, i, s, dt, RNG) for i, s in enumerate(shapes)]
+    gas = [ga.from_array(a, chunks=c) for a, c in zip(arrays, chunks)]
+    with np.errstate(all="ignore"):
+        want, got = py(*arrays), ev(py(*gas))
+        assert got.dtype == want.dtype
+        close(got, want, rtol=1e-12)
+        if len(arrays) == 2:  # the reflected form (or, for comparisons, Python's swapped one)
+            left = arrays[0].tolist() if spec.elementwise is None else arrays[0].flat[0].item()
+            want, got = py(left, arrays[1]), ev(py(left, gas[1]))
+            assert got.dtype == np.asarray(want).dtype
+            close(got, want, rtol=1e-12)
+    if len(arrays) == 2 and py not in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
+        reflected = inspect.getattr_static(ga.Array, _dunder(py).replace("__", "__r", 1))
+        assert reflected.__module__ == "goblin_dask.array.core"
+
+
+def test_ga_array_operators_are_only_the_catalogs():
+    import operator
+
+    x = ga.from_array(np.arange(6.0).reshape(2, 3), chunks=2)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        divmod(x, 2)  # no catalog op declares divmod
+    with pytest.raises(TypeError):
+        x + "text"  # not an operand: NotImplemented, then Python's TypeError
+    declared = {s.operator for s in catalog().values() if s.operator is not None}
+    assert operator.add in declared and operator.matmul in declared
+
+
+@pytest.mark.parametrize("op", sorted(__import__("goblin_dask.array.numpy_api", fromlist=["BLOCKED"]).BLOCKED))
+def test_catalog_hook_computes_every_blocked_op_like_its_numpy_kernel(op):
+    spec = catalog()[op]
+    for operands, params in spec.examples(5, np.random.default_rng(7), "float64"):
+        arrays = [ga.from_array(o, chunks=2) if isinstance(o, np.ndarray) else o for o in operands]
+        x = next(a for a in arrays if isinstance(a, ga.Array))
+        got, want = ev(x._catalog(op, *arrays, **params)), np.asarray(spec.numpy(*operands, **params))
+        assert got.dtype == want.dtype, params
+        close(got, want, rtol=1e-12)
+
+
+def _ufunc_definition(name: str) -> str:
+    """What ``goblin_dask/array/ufuncs.py`` has for an elementwise op (printed when one is missing)."""
+    spec = catalog()[name]
+    params = ", ".join({1: ("x",), 2: ("x1", "x2")}.get(spec.arity, tuple(f"x{i + 1}" for i in range(spec.arity))))
+    return f'def {name}({params}, /) -> Array:\n    """{spec.doc}"""\n    return elementwise("{name}", {params})\n'
+
+
+def test_ufuncs_module_lists_exactly_the_catalogs_elementwise_ops_and_aliases():
+    import inspect
+
+    from goblin_dask.array import ufuncs
+    from goblin_dask.ops.registry import aliases
+
+    ops = {n for n, s in catalog().items() if s.elementwise is not None}
+    declared = {alias: name for alias, name in aliases().items() if name in ops}
+    missing, extra = sorted(ops - set(ufuncs.__all__)), sorted(set(ufuncs.__all__) - ops - set(declared))
+    assert not missing, "add to goblin_dask/array/ufuncs.py:\n\n" + "\n\n".join(_ufunc_definition(n) for n in missing)
+    assert not extra, f"not elementwise catalog ops nor their aliases: {extra}"
+    assert set(declared) <= set(ufuncs.__all__), sorted(set(declared) - set(ufuncs.__all__))
+    source = inspect.getsource(ufuncs)
+    for name in ops:
+        f = getattr(ga, name)
+        assert f is getattr(ufuncs, name) and f.__name__ == name, name
+        assert f"def {name}(" in source or name in ("where", "clip"), f"{name} is not written out"
+        if name not in ("where", "clip"):  # written in core.py, with NumPy's optional arguments
+            assert f.__doc__ == catalog()[name].doc, name
+            assert len(inspect.signature(f).parameters) == catalog()[name].arity, name
+    for alias, name in declared.items():
+        assert getattr(ga, alias) is getattr(ga, name), alias
+
+
+def test_numpy_dispatch_is_declared_at_the_definitions():
+    from goblin_dask.array import numpy_api
+    from goblin_dask.ops.registry import aliases
+
+    for func, impl in numpy_api.HANDLED.items():
+        assert impl.__module__.startswith("goblin_dask.array."), (func, impl)
+        assert getattr(impl.__module__ and __import__(impl.__module__, fromlist=["_"]), impl.__name__) is impl, impl
+    assert numpy_api.HANDLED[np.sum] is ga.sum and numpy_api.HANDLED[np.nanvar] is ga.nanvar
+    a = RNG.uniform(0.5, 2.0, (5, 4))
+    x = ga.from_array(a, chunks=2)
+    for alias, name in aliases().items():  # NumPy's ufuncs by their other names: np.abs, np.true_divide ...
+        ufunc = getattr(np, alias, None)
+        if isinstance(ufunc, np.ufunc) and catalog()[name].arity == 2:
+            close(ev(ufunc(x, x + 1)), ufunc(a, a + 1))
+        elif isinstance(ufunc, np.ufunc) and catalog()[name].elementwise.loop is not None and name != "invert":
+            close(ev(ufunc(x)), ufunc(a))
+    assert (ev(np.bitwise_not(x > 1)) == np.bitwise_not(a > 1)).all()
+    with pytest.raises(TypeError, match="conjugate"):
+        np.conjugate(x)
+    close(ev(np.ravel(x)), a.ravel())
+    close(ev(np.var(x, axis=0, correction=1)), np.var(a, axis=0, correction=1))
+    assert np.allclose(x, a) and np.array_equal(x, a) and not np.array_equal(x, a + 1)
+    close(ev(np.concatenate([x, x], axis=1, dtype=np.float32)), np.concatenate([a, a], axis=1, dtype=np.float32),
+          rtol=1e-6)
+    close(ev(np.zeros_like(x, shape=(3,))), np.zeros(3))
+
+
+def test_unknown_keywords_are_type_errors_naming_them():
+    import inspect
+
+    x = ga.from_array(np.ones((4, 3)), chunks=2)
+    calls = {
+        "keepdim": [lambda: ga.sum(x, axis=0, keepdim=True), lambda: x.sum(axis=0, keepdim=True),
+                    lambda: x.mean(keepdim=True), lambda: ga.nanvar(x, keepdim=True)],
+        "out": [lambda: ga.exp(x, out=x), lambda: np.sum(x, out=np.empty(3)), lambda: x.max(out=x),
+                lambda: ga.concatenate([x, x], out=x), lambda: np.dot(x, x.T, out=np.empty((4, 4)))],
+        "initial": [lambda: ga.sum(x, initial=1)],
+        "where": [lambda: x.all(where=x > 0)],
+        "mean": [lambda: ga.var(x, mean=x.mean(axis=0))],
+        "order": [lambda: ga.zeros((2,), order="F"), lambda: x.reshape(12, order="F"), lambda: ga.ravel(x, order="F")],
+        "dtype": [lambda: ga.einsum("ij->ji", x, dtype="float32")],
+        "chunk": [lambda: x.rechunk(chunk=2), lambda: ga.from_array(np.ones(3), chunk=2)],
+        "axes": [lambda: ga.elementwise("exp", x, axes=0)],  # an op's parameters are the op's to refuse
+    }
+    for keyword, fns in calls.items():
+        for f in fns:
+            with pytest.raises(TypeError, match=f"'{keyword}'"):
+                f()
+    assert ga.sum(x, axis=0, keepdims=True).shape == (1, 3)
+    # nothing swallows keywords: only formula's variables and an op's parameters (checked by the op) are free-form
+    for name in ga.__all__:
+        f = getattr(ga, name)
+        if callable(f) and not isinstance(f, type) and name not in ("formula", "elementwise"):
+            kinds = [p.kind for p in inspect.signature(f).parameters.values()]
+            assert inspect.Parameter.VAR_KEYWORD not in kinds, name
+    for name, member in vars(ga.Array).items():
+        if callable(member) and not name.startswith("__dask"):
+            kinds = [p.kind for p in inspect.signature(member).parameters.values()]
+            assert inspect.Parameter.VAR_KEYWORD not in kinds or name in ("__array_ufunc__", "_catalog"), name
+
+
+def test_help_lists_the_methods_and_signatures_are_real():
+    import inspect
+    import pydoc
+
+    text = pydoc.render_doc(ga.Array, renderer=pydoc.plaintext)
+    for method in ("sum(self, axis=None, dtype=None, out=None, keepdims=False", "__add__(self, other)", "__matmul__",
+                   "var(self, axis=None", "argmax(self, axis=None, out=None, *, keepdims=False)", "astype(self, dtype"):
+        assert method in text, method
+    assert list(inspect.signature(ga.sum).parameters)[:5] == ["a", "axis", "dtype", "out", "keepdims"]
+    assert "x1" in inspect.signature(ga.add).parameters
+
+
+def test_formula_ignores_variables_it_does_not_use():
+    a, b = RNG.standard_normal((5, 4)), RNG.standard_normal((5, 4))
+    x, y = ga.from_array(a, chunks=2), ga.from_array(b, chunks=2)
+    z = ga.formula("a * 2 + exp(a)", a=x, b=y, unused_scale=3.0)
+    close(ev(z), a * 2 + np.exp(a))
+    tasks = [v for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask) and v.op.name == "formula"]
+    assert tasks and all(len(t.args) == 1 for t in tasks)  # y never reaches the task
+    assert y.name not in repr(dict(z.__dask_graph__()).keys())
+    close(ev(ga.formula("text + 1", text=x)), a + 1)  # the expression's own parameter is positional-only
+    with pytest.raises(ValueError, match="uses none"):
+        ga.formula("2 + 3", a=x)

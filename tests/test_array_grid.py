@@ -7,7 +7,7 @@ import pytest
 
 import dask
 import goblin_dask.array as ga
-from goblin_dask.lab import LabNode
+from goblin_dask.node.local import LabNode
 from goblin_dask.ops import CatalogTask
 
 RNG = np.random.default_rng(7)

@@ -77,6 +77,16 @@ def test_safe_unpickler_refuses_code_and_accepts_plain_data(tmp_path):
         assert repr(safe_loads(pickle.dumps(value, protocol=5))) == repr(value)
 
 
+def test_volunteer_unpickler_does_not_load_lab_only_ops():
+    """Ops checked by recomputation run on the lab worker; a volunteer's catalog leaves them out."""
+    from goblin_dask.ops import CatalogError
+
+    for name in ("transpose", "equal", "argmax", "zeros"):
+        with pytest.raises(CatalogError, match="lab worker only"):
+            safe_loads(pickle.dumps(CatalogTask(("k", 0), get(name), np.ones((2, 2))), protocol=5))
+    assert safe_loads(pickle.dumps(get("exp"), protocol=5)) is get("exp")
+
+
 def test_task_violation_names_the_callable_and_the_operand():
     assert "posix.system" in task_violation(Task("k", os.system, "true"))
     why = task_violation(CatalogTask("k", get("matmul"), np.array(["a"], dtype=object), np.ones(1)))
@@ -174,6 +184,16 @@ def test_volunteer_refuses_map_blocks_with_a_lambda(rogue_node):
     fut = client.compute(x, workers=[volunteer])
     wait_for(lambda: _refusals(log) > before, "the volunteer to refuse map_blocks")
     assert not marker.exists()
+    del fut
+
+
+def test_volunteer_refuses_a_lab_only_op_from_any_node(rogue_node):
+    client, volunteer, log, marker, proc = rogue_node
+    before = _refusals(log) + read_log(log).count("lab worker only")
+    fut = client.get({"k": CatalogTask("k", get("transpose"), np.ones((2, 3)))}, "k", workers=[volunteer], sync=False)
+    wait_for(lambda: _refusals(log) + read_log(log).count("lab worker only") > before or fut.status == "error",
+             "the volunteer to refuse the lab-only op")
+    assert fut.status != "finished"
     del fut
 
 

@@ -131,7 +131,7 @@ def test_gram_of_a_lab_array_sends_no_volunteer_more_than_a_quarter(tmp_path):
 
     import goblin_dask.array as ga
     from goblin_dask.array.sources import lab_arrays
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
     from tests.test_minimization import _pieces
 
     rng = np.random.default_rng(20261203)
@@ -165,7 +165,7 @@ def test_max_exposure_spreads_blocks_over_volunteers(tmp_path, monkeypatch):
 
     import goblin_dask.array as ga
     from goblin_dask.array.sources import lab_arrays
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
 
     rng = np.random.default_rng(7)
     a = rng.standard_normal((512, 256))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, TaskRef
 
-from goblin_dask.lab import LabNode
+from goblin_dask.node.local import LabNode
 from goblin_dask.ops import CatalogTask, get
 from goblin_dask.validation.checks import insert_checks
 from tests.conftest import assemble, blocked_product_graph, read_log, wait_for

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from goblin_dask.credentials import admin_credential, issue_credential
-from goblin_dask.lab import LabNode, LabNodeStartError, read_node_file
+from goblin_dask.node.local import LabNode, LabNodeStartError
+from goblin_dask.node.scheduler import read_node_file
 from goblin_dask.tls import Credential
 from tests.conftest import assemble, blocked_product_graph, wait_for
 

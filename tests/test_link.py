@@ -21,7 +21,7 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol.serialize import ToPickle
 
 import goblin_dask.array as ga
-from goblin_dask.lab import LabNode
+from goblin_dask.node.local import LabNode
 from goblin_dask.tls import Credential
 from tests.conftest import wait_for
 from tests.hostile_link import Command

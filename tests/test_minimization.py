@@ -26,6 +26,59 @@ def test_key_rules():
     assert "opaque" in key_violation(("matmul-0123456789abcdef-partial-heart", 0))
 
 
+def _array_layer_keys() -> set:
+    """Every key of a spread of ga computations, with the lab's checks inserted (``unverified-`` keys)."""
+    import dask
+
+    import goblin_dask.array as ga
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((9, 8))
+    x = ga.from_array(a, chunks=(2, 3))
+    y = x + 0  # not source-backed: its rechunks slice and concatenate
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):
+        product = ga.from_array(rng.standard_normal((300, 500))) @ ga.from_array(rng.standard_normal((500, 200)))
+    arrays = [
+        product, x @ x.T, ga.matmul(x.reshape(1, 9, 8), x.T), ga.tensordot(x, x, axes=((0,), (0,))),
+        ga.einsum("ij,kj->ik", x, x), x.dot(x.T),
+        x.sum(axis=0), x.prod(), x.max(axis=1), x.min(), x.any(), (x > 0).all(axis=0), x.mean(), x.var(axis=0),
+        x.std(), x.argmax(axis=0), x.argmin(), ga.nanvar(x), ga.nanargmax(x, axis=1),
+        y.rechunk((4, 5)), x.rechunk((4, 5)), x[1:7:2, ::-1], x[None, 3], x.T, x.reshape(72), ga.squeeze(x[:1]),
+        ga.expand_dims(x, 0), ga.broadcast_to(x[:1], (4, 8)), ga.concatenate([x, y]), ga.stack([x, y]),
+        ga.moveaxis(x, 0, 1), ga.exp(x), ga.where(x > 0, x, 1), x.clip(0, 1), x.astype("float32"),
+        ga.formula("a * exp(-a)", a=x), ga.zeros((3, 4), chunks=2), ga.ones(3), ga.full((2, 2), 7.0), ga.arange(10),
+        ga.eye(5, chunks=2), ga.random.standard_normal((6, 6), chunks=3, seed=1), ga.random.uniform(size=5, seed=2),
+    ]
+    out = set()
+    for arr in arrays:
+        out |= set(insert_checks(dict(arr.__dask_graph__())))
+    return out
+
+
+def test_every_key_the_array_layer_makes_passes_and_the_filter_is_no_wider():
+    from goblin_dask.array import keys
+    from goblin_dask.ops import catalog
+
+    made = _array_layer_keys()
+    bad = {k: why for k in made if (why := key_violation(k)) is not None}
+    assert not bad, bad
+    names = [keys.split_name(k[0].removeprefix("unverified-")) for k in made]
+    # every word the filter admits is one the array layer really produces
+    assert {n.part for n in names} - {None} == set(keys.PARTS)
+    assert {n.prefix for n in names} - set(catalog()) == set(keys.PLUMBING)
+    assert any(k[0].startswith("unverified-") for k in made)
+    # prefixes and parts no code produces are refused (the plumbing words the filter used to admit)
+    for prefix in ("array", "block", "lab_block", "from_array", "chunk", "patients"):
+        assert "opaque" in key_violation((f"{prefix}-0123456789abcdef", 0)), prefix
+        with pytest.raises(ValueError, match="neither a catalog op"):
+            keys.new_name(prefix, 1)
+    for part in ("root", "v", "cat1", "heart"):
+        assert "opaque" in key_violation((f"moments-0123456789abcdef-{part}", 0)), part
+        with pytest.raises(ValueError, match="not one of"):
+            keys.part_key("moments-0123456789abcdef", part, 0)
+    assert "opaque" in key_violation(("matmul-0123abc", 0))  # too short for a token
+
+
 def test_string_parameter_rules():
     ok = CatalogTask("k", get("einsum"), np.ones((2, 2)), np.ones((2, 2)), subscripts="ij,jk->ik")
     assert string_violation(ok) is None
@@ -125,7 +178,7 @@ def test_a_curious_volunteer_learns_no_names_and_only_its_blocks(tmp_path, monke
     import xarray as xr
 
     import goblin_dask.array as ga
-    from goblin_dask.lab import LabNode
+    from goblin_dask.node.local import LabNode
 
     rng = np.random.default_rng(20260505)
     heart = 60 + 12 * rng.standard_normal((N_PATIENTS, N_VISITS))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import goblin_dask.array as ga
-from goblin_dask.lab import LabNode
+from goblin_dask.node.local import LabNode
 from tests.conftest import read_log, wait_for
 from tests.hostile import FAKE
 
@@ -164,9 +164,9 @@ def test_a_result_of_the_wrong_form_is_rejected(grid, attack):
 def test_an_honest_volunteer_that_stops_is_not_banned(grid):
     name = grid.add_volunteer()
     _product(grid)
-    from goblin_dask.lab import _stop
+    from goblin_dask.node.process import stop_process
 
-    _stop(grid.processes[name])  # SIGTERM: it closes as `goblin volunteer` does on Ctrl-C
+    stop_process(grid.processes[name])  # SIGTERM: it closes as `goblin volunteer` does on Ctrl-C
     wait_for(lambda: name not in grid.volunteer_names(), f"{name} to leave")
     assert _ban_of(grid, name) is None and not grid.report()["volunteers"].get(name, {}).get("banned")
 

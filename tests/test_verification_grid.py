@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import goblin_dask.array as ga
-from goblin_dask.lab import LabNode
+from goblin_dask.node.local import LabNode
 from tests.conftest import assemble, blocked_product_graph, read_log, wait_for
 
 BLOCK = 48

@@ -17,7 +17,7 @@ import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
 
-import dask
+from goblin_dask import settings
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,16 @@ class SmtpSettings:
 
     @classmethod
     def from_config(cls) -> "SmtpSettings | None":
-        conf = {k.replace("_", "-"): v for k, v in (dask.config.get("goblin.smtp", None) or {}).items()}
-        host = os.environ.get("GOBLIN_SMTP_HOST") or conf.get("host")
+        host = os.environ.get("GOBLIN_SMTP_HOST") or settings.get("goblin.smtp.host")
         if not host:
             return None
-        starttls = bool(conf.get("starttls", False))
-        return cls(host=host, port=int(os.environ.get("GOBLIN_SMTP_PORT") or conf.get("port") or (587 if starttls else 25)),
-                   sender=os.environ.get("GOBLIN_SMTP_FROM") or conf.get("from") or f"goblin lab node <goblin@{socket.gethostname()}>",
-                   starttls=starttls, username=conf.get("username"), password=conf.get("password"),
-                   ca_file=conf.get("ca-file"))
+        starttls = bool(settings.get("goblin.smtp.starttls"))
+        port = os.environ.get("GOBLIN_SMTP_PORT") or settings.get("goblin.smtp.port") or (587 if starttls else 25)
+        sender = (os.environ.get("GOBLIN_SMTP_FROM") or settings.get("goblin.smtp.from")
+                  or f"goblin lab node <goblin@{socket.gethostname()}>")
+        return cls(host=host, port=int(port), sender=sender, starttls=starttls,
+                   username=settings.get("goblin.smtp.username"), password=settings.get("goblin.smtp.password"),
+                   ca_file=settings.get("goblin.smtp.ca-file"))
 
 
 def send_code(smtp: SmtpSettings, to: str, code: str, valid_minutes: float) -> None:

@@ -23,7 +23,6 @@ from typing import Callable, Iterator
 from goblin_dask.credentials import _write_private
 
 REGISTRY_DIR = "researchers"
-STATUSES = ("pending", "approved", "refused")
 _EMAIL = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;.]+$")
 
 _SCHEMA = """

@@ -26,28 +26,32 @@ import os
 import secrets
 from dataclasses import dataclass, fields
 
-import dask
-
+from goblin_dask import settings
 from goblin_dask.access.registry import ResearcherRegistry, normalize_email
+
+
+def _default(key: str):
+    return settings.default(f"goblin.signin.{key}")
 
 
 @dataclass(frozen=True)
 class SignInLimits:
-    code_ttl: float = 600.0  # seconds a code is valid
-    max_wrong_attempts: int = 5  # per (address, client IP) since that IP's last code request
-    max_wrong_per_email: int = 20  # per address per window: then every pending code of it is burnt
-    codes_per_requester: int = 3  # code requests per (address, client IP) per window
-    codes_per_email: int = 10  # code requests per address per window, whoever asks
-    codes_per_ip: int = 10  # per client IP per window (a lab's researchers may share one)
-    max_pending_codes: int = 5  # codes of one address valid at once (the oldest goes first)
-    rate_window: float = 600.0  # seconds
-    session_ttl: float = 8 * 3600.0  # seconds a sign-in lasts
+    """The limits; each field's default is goblin.yaml's ``goblin.signin`` key (its name with '-')."""
+
+    code_ttl: float = float(_default("code-ttl"))  # seconds a code is valid
+    max_wrong_attempts: int = int(_default("max-wrong-attempts"))  # per (address, client IP) since its last code
+    max_wrong_per_email: int = int(_default("max-wrong-per-email"))  # per address per window: then all its codes burn
+    codes_per_requester: int = int(_default("codes-per-requester"))  # code requests per (address, client IP)
+    codes_per_email: int = int(_default("codes-per-email"))  # code requests per address, whoever asks
+    codes_per_ip: int = int(_default("codes-per-ip"))  # per client IP (a lab's researchers may share one)
+    max_pending_codes: int = int(_default("max-pending-codes"))  # codes of one address valid at once
+    rate_window: float = float(_default("rate-window"))  # seconds
+    session_ttl: float = float(_default("session-ttl"))  # seconds a sign-in lasts
 
     @classmethod
     def from_config(cls) -> "SignInLimits":
-        conf = dask.config.get("goblin.signin", None) or {}
-        conf = {k.replace("-", "_"): v for k, v in conf.items()}
-        return cls(**{f.name: type(f.default)(conf[f.name]) for f in fields(cls) if f.name in conf})
+        return cls(**{f.name: type(f.default)(settings.get("goblin.signin." + f.name.replace("_", "-")))
+                      for f in fields(cls)})
 
 
 class RateLimited(PermissionError):
@@ -68,7 +72,7 @@ class CodeRefused(PermissionError):
 
 def admin_emails() -> frozenset[str]:
     """Addresses that sign in as lab admins: env ``GOBLIN_ADMINS`` (comma-separated) or config ``goblin.admins``."""
-    configured = os.environ.get("GOBLIN_ADMINS") or dask.config.get("goblin.admins", None) or ()
+    configured = os.environ.get("GOBLIN_ADMINS") or settings.get("goblin.admins") or ()
     if isinstance(configured, str):
         configured = configured.split(",")
     return frozenset(normalize_email(e) for e in configured if e.strip())

@@ -3,39 +3,35 @@
 ``ga.Array`` is a real dask collection (``dask.compute``, ``persist``,
 ``distributed.progress``, ``.visualize``) whose tasks are catalog operations, placed by
 cost (:mod:`goblin_dask.array.placement`) and verified on the lab worker before use.
+Every elementwise catalog op is a function here (:mod:`goblin_dask.array.ufuncs`:
+``ga.exp``, ``ga.add``, ``ga.sigmoid`` ..., and the aliases the ops declare, ``ga.abs``);
+NumPy's functions reach the ga function that says it implements them (``np.sum(x)`` is
+``ga.sum(x)``, see :mod:`goblin_dask.array.numpy_api`).
 """
 
-from goblin_dask.array.core import Array, asarray, astype, clip, elementwise, formula, from_array, where
+from goblin_dask.array.core import (
+    Array, asarray, astype, blockwise, elementwise, formula, from_array, isclose, round,
+)
 from goblin_dask.array.creation import arange, eye, full, full_like, ones, ones_like, random, zeros, zeros_like
 from goblin_dask.array.layout import (
-    broadcast_to, concatenate, expand_dims, getitem, moveaxis, rechunk, reshape, squeeze, stack, swapaxes, transpose,
+    broadcast_to, concatenate, expand_dims, getitem, moveaxis, ravel, rechunk, reshape, squeeze, stack, swapaxes,
+    transpose,
 )
 from goblin_dask.array.linalg import dot, einsum, matmul, tensordot
 from goblin_dask.array.placement import placement_for
 from goblin_dask.array.reductions import (
-    all, any, argmax, argmin, max, mean, min, nanargmax, nanargmin, nanmax, nanmean, nanmin, nanprod, nanstd, nansum,
-    nanvar, prod, std, sum, var,
+    all, allclose, any, argmax, argmin, array_equal, max, mean, min, nanargmax, nanargmin, nanmax, nanmean, nanmin,
+    nanprod, nanstd, nansum, nanvar, prod, std, sum, var,
 )
-from goblin_dask.array import core as _core, numpy_api as _numpy_api
+from goblin_dask.array.ufuncs import *  # noqa: F401,F403  (every elementwise op: see ufuncs.__all__)
+from goblin_dask.array import ufuncs as _ufuncs
 
-
-def _ufunc(name):
-    def f(*args, **params):
-        return elementwise(name, *args, **params)
-
-    f.__name__ = name
-    f.__doc__ = f"Elementwise {name} (catalog op ``{name}``)."
-    return f
-
-
-# Every elementwise catalog op as a function: ga.exp, ga.add, ga.sigmoid, ga.isnan ...
-for _name, _spec in __import__("goblin_dask.ops", fromlist=["catalog"]).catalog().items():
-    if "loop" in _spec.extra and _name not in globals():
-        globals()[_name] = _ufunc(_name)
-abs = globals()["absolute"]
-
-_core._add_reduction_methods()
-_numpy_api._register()
-
-__all__ = ["Array", "arange", "asarray", "concatenate", "dot", "einsum", "formula", "from_array", "full", "matmul",
-           "ones", "random", "rechunk", "reshape", "stack", "tensordot", "transpose", "where", "zeros"]
+__all__ = [
+    "Array", "all", "allclose", "any", "arange", "argmax", "argmin", "array_equal", "asarray", "astype", "blockwise",
+    "broadcast_to", "concatenate", "dot", "einsum", "elementwise", "expand_dims", "eye", "formula", "from_array",
+    "full", "full_like", "getitem", "isclose", "matmul", "max", "mean", "min", "moveaxis", "nanargmax", "nanargmin",
+    "nanmax", "nanmean", "nanmin", "nanprod", "nanstd", "nansum", "nanvar", "ones", "ones_like",
+    "prod", "random", "ravel", "rechunk", "reshape", "round", "squeeze", "stack", "std", "sum", "swapaxes",
+    "tensordot", "transpose", "var", "zeros", "zeros_like",
+]
+__all__ += _ufuncs.__all__

@@ -4,9 +4,14 @@ The class follows ``dask.array.Array``'s shape (see DEVELOPERS' design examples)
 ``HighLevelGraph`` with one layer per array, block keys ``(name, i, j, ...)`` nested
 like the block grid, ``finalize`` for compute and ``_rebuild`` for persist.  Graph
 values are only ``CatalogTask``, ``DataNode``, ``Alias`` and lab-only loader tasks
-(:mod:`goblin_dask.array.sources`).  Names are ``<op>-<token>``: nothing a researcher
-named reaches a key.  Shapes and dtypes are checked on abstract values when an array
-is built, so bad input fails before anything is dispatched.
+(:mod:`goblin_dask.array.sources`).  Names are ``<op>-<token>``
+(:mod:`goblin_dask.array.keys`): nothing a researcher named reaches a key.  Shapes and
+dtypes are checked on abstract values when an array is built, so bad input fails
+before anything is dispatched.
+
+Python's operators are the catalog's: ``x + y`` is the op that declares
+``operator.add`` (``OpSpec.operator``), applied through :meth:`Array._catalog`.  Methods
+and functions take NumPy's keywords; one ga cannot honour is a TypeError naming it.
 
 ``__dask_optimize__`` culls and then inserts the lab's checks
 (:func:`goblin_dask.validation.checks.insert_checks`); it never uses dask's low-level
@@ -19,21 +24,38 @@ import bisect
 import itertools
 import math
 import numbers
-from typing import Any, Iterable, Sequence
+import operator
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-from dask.base import DaskMethodsMixin, tokenize
+from dask.base import DaskMethodsMixin
 from dask.threaded import get as threaded_get
 from dask.highlevelgraph import HighLevelGraph
 from dask._task_spec import TaskRef
 
+from goblin_dask.array.keys import block_key, new_name
+from goblin_dask.array.numpy_api import implements
 from goblin_dask.array.placement import placement_for
 from goblin_dask.ops import CatalogTask, get
 from goblin_dask.ops._factories import check_dtype
+from goblin_dask.ops.registry import by_operator
 from goblin_dask.ops.spec import Aval
 
 #: Types an operand may have besides ga.Array (anything else: the other operand's turn).
 SCALAR_TYPES = (numbers.Number, np.generic, bool)
+
+
+def refuse(func: str, **given: bool) -> None:
+    """TypeError naming the NumPy keywords ``func`` was given that ga cannot honour.
+
+    Pass each keyword as whether it was given a value other than NumPy's default:
+    ``refuse("sum", out=out is not None, where=where is not True)``.
+    """
+    names = [k for k, v in given.items() if v]
+    if names:
+        hint = " (use the returned array)" if "out" in names else ""
+        raise TypeError(f"{func}() got keyword argument(s) {', '.join(repr(n) for n in names)} that ga.Array "
+                        f"does not support{hint}")
 
 
 # -- chunks ---------------------------------------------------------------------------------
@@ -65,14 +87,6 @@ def offsets_of(chunks: Sequence[int]) -> list[int]:
     return [0, *itertools.accumulate(chunks)]
 
 
-def _block_slices(chunks: tuple[tuple[int, ...], ...], idx: tuple[int, ...]) -> tuple[slice, ...]:
-    out = []
-    for c, i in zip(chunks, idx):
-        lo = sum(c[:i])
-        out.append(slice(lo, lo + c[i]))
-    return tuple(out)
-
-
 def _common_chunks(*chunkings: tuple[int, ...]) -> tuple[int, ...]:
     """The coarsest chunking that refines every given chunking of one axis."""
     if all(c == chunkings[0] for c in chunkings):
@@ -81,9 +95,76 @@ def _common_chunks(*chunkings: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(b - a for a, b in zip(bounds, bounds[1:])) or (0,)
 
 
+# -- Python's operators -----------------------------------------------------------------------
+
+class Operators:
+    """Python's operators as catalog ops: each is the op that declares that operator (``OpSpec.operator``).
+
+    Every operator goes through one hook, ``_catalog(op, *inputs)``; an operand that is no
+    array or number gives NotImplemented (the other operand's turn), and so does an operator
+    no catalog op declares.
+    """
+
+    __slots__ = ()
+
+    def _catalog(self, op: str, *inputs: Any, **params: Any) -> Any:
+        raise NotImplementedError
+
+    def _operator(self, python_operator: Callable, *operands: Any) -> Any:
+        spec = by_operator(python_operator)
+        if spec is None or not all(_is_operand(x) for x in operands):
+            return NotImplemented
+        return self._catalog(spec.name, *operands)
+
+    # arithmetic, and its reflected forms
+    def __add__(self, other): return self._operator(operator.add, self, other)  # noqa: E704
+    def __radd__(self, other): return self._operator(operator.add, other, self)  # noqa: E704
+    def __sub__(self, other): return self._operator(operator.sub, self, other)  # noqa: E704
+    def __rsub__(self, other): return self._operator(operator.sub, other, self)  # noqa: E704
+    def __mul__(self, other): return self._operator(operator.mul, self, other)  # noqa: E704
+    def __rmul__(self, other): return self._operator(operator.mul, other, self)  # noqa: E704
+    def __truediv__(self, other): return self._operator(operator.truediv, self, other)  # noqa: E704
+    def __rtruediv__(self, other): return self._operator(operator.truediv, other, self)  # noqa: E704
+    def __floordiv__(self, other): return self._operator(operator.floordiv, self, other)  # noqa: E704
+    def __rfloordiv__(self, other): return self._operator(operator.floordiv, other, self)  # noqa: E704
+    def __mod__(self, other): return self._operator(operator.mod, self, other)  # noqa: E704
+    def __rmod__(self, other): return self._operator(operator.mod, other, self)  # noqa: E704
+    def __pow__(self, other): return self._operator(operator.pow, self, other)  # noqa: E704
+    def __rpow__(self, other): return self._operator(operator.pow, other, self)  # noqa: E704
+    def __matmul__(self, other): return self._operator(operator.matmul, self, other)  # noqa: E704
+    def __rmatmul__(self, other): return self._operator(operator.matmul, other, self)  # noqa: E704
+    # bitwise (logical on booleans)
+    def __and__(self, other): return self._operator(operator.and_, self, other)  # noqa: E704
+    def __rand__(self, other): return self._operator(operator.and_, other, self)  # noqa: E704
+    def __or__(self, other): return self._operator(operator.or_, self, other)  # noqa: E704
+    def __ror__(self, other): return self._operator(operator.or_, other, self)  # noqa: E704
+    def __xor__(self, other): return self._operator(operator.xor, self, other)  # noqa: E704
+    def __rxor__(self, other): return self._operator(operator.xor, other, self)  # noqa: E704
+    def __lshift__(self, other): return self._operator(operator.lshift, self, other)  # noqa: E704
+    def __rlshift__(self, other): return self._operator(operator.lshift, other, self)  # noqa: E704
+    def __rshift__(self, other): return self._operator(operator.rshift, self, other)  # noqa: E704
+    def __rrshift__(self, other): return self._operator(operator.rshift, other, self)  # noqa: E704
+    # comparisons (Python reflects them itself: a < b falls back to b > a)
+    def __eq__(self, other): return self._operator(operator.eq, self, other)  # type: ignore[override]  # noqa: E704
+    def __ne__(self, other): return self._operator(operator.ne, self, other)  # type: ignore[override]  # noqa: E704
+    def __lt__(self, other): return self._operator(operator.lt, self, other)  # noqa: E704
+    def __le__(self, other): return self._operator(operator.le, self, other)  # noqa: E704
+    def __gt__(self, other): return self._operator(operator.gt, self, other)  # noqa: E704
+    def __ge__(self, other): return self._operator(operator.ge, self, other)  # noqa: E704
+    # unary
+    def __neg__(self): return self._operator(operator.neg, self)  # noqa: E704
+    def __pos__(self): return self._operator(operator.pos, self)  # noqa: E704
+    def __abs__(self): return self._operator(operator.abs, self)  # noqa: E704
+    def __invert__(self): return self._operator(operator.invert, self)  # noqa: E704
+
+
+def _is_operand(x: Any) -> bool:
+    return isinstance(x, (Array, np.ndarray, list, tuple) + SCALAR_TYPES)
+
+
 # -- the collection ---------------------------------------------------------------------------
 
-class Array(DaskMethodsMixin):
+class Array(Operators, DaskMethodsMixin):
     """An n-dimensional array cut into blocks, computed by catalog operations on the grid."""
 
     __array_priority__ = 11  # ahead of numpy, behind xarray (which wraps us)
@@ -185,7 +266,7 @@ class Array(DaskMethodsMixin):
     __hash__ = object.__hash__
 
     def key(self, idx: tuple[int, ...]) -> tuple:
-        return (self.name, *idx)
+        return block_key(self.name, idx)
 
     def ref(self, idx: tuple[int, ...]) -> TaskRef:
         return TaskRef(self.key(idx))
@@ -222,124 +303,124 @@ class Array(DaskMethodsMixin):
     def __int__(self) -> int:
         return int(self.compute())
 
-    # -- methods (implemented in the sibling modules) --------------------------------------
-    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True) -> "Array":
+    # -- the catalog hook ----------------------------------------------------------------
+    def _catalog(self, op: str, *inputs: Any, **params: Any) -> Array:
+        """Catalog op ``op`` (a name or alias) on ``inputs``, as a ga.Array: what every operator calls.
+
+        Elementwise ops run block by block with broadcasting (:func:`elementwise`); other ops
+        through the blocked algorithm registered for them (``@implements(..., op="matmul")``).
+        """
+        from goblin_dask.array.numpy_api import BLOCKED
+
+        spec = get(op)
+        if spec.elementwise is not None:
+            return elementwise(spec.name, *inputs, **params)
+        if spec.name not in BLOCKED:
+            raise TypeError(f"catalog op {spec.name!r} has no blocked algorithm in goblin_dask.array")
+        return BLOCKED[spec.name](*inputs, **params)
+
+    # -- methods (NumPy's signatures; implemented in the sibling modules) -----------------
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True) -> Array:
+        """The array as ``dtype`` (``casting`` as NumPy's: TypeError when the cast is not allowed)."""
+        refuse("astype", order=order not in ("K", "A", "C"))
+        if not np.can_cast(self.dtype, dtype, casting=casting):
+            raise TypeError(f"astype: cannot cast {self.dtype} to {np.dtype(dtype)} according to the rule {casting!r}")
         return astype(self, dtype)
 
-    def rechunk(self, chunks="auto") -> "Array":
-        from goblin_dask.array.layout import rechunk
+    def rechunk(self, chunks="auto") -> Array:
+        """The same array in other blocks (see :func:`goblin_dask.array.rechunk`)."""
+        return _layout.rechunk(self, chunks)
 
-        return rechunk(self, chunks)
+    def __getitem__(self, index) -> Array:
+        return _layout.getitem(self, index)
 
-    def __getitem__(self, index) -> "Array":
-        from goblin_dask.array.layout import getitem
-
-        return getitem(self, index)
-
-    def transpose(self, *axes) -> "Array":
-        from goblin_dask.array.layout import transpose
-
-        return transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else (axes or None))
+    def transpose(self, *axes) -> Array:
+        """Axes permuted: ``x.transpose()``, ``x.transpose(1, 0, 2)`` or ``x.transpose((1, 0, 2))``."""
+        return _layout.transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else (axes or None))
 
     @property
-    def T(self) -> "Array":
+    def T(self) -> Array:
         return self.transpose()
 
-    def reshape(self, *shape, order="C") -> "Array":
-        from goblin_dask.array.layout import reshape
+    def reshape(self, *shape, order="C", copy=None) -> Array:
+        """The same data in a new C-order shape: ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+        return _layout.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape,
+                               order=order, copy=copy)
 
-        if order != "C":
-            raise ValueError(f"reshape: only C order is supported, got order={order!r}")
-        return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+    def ravel(self, order="C") -> Array:
+        return _layout.ravel(self, order)
 
-    def ravel(self) -> "Array":
-        return self.reshape(-1)
+    def squeeze(self, axis=None) -> Array:
+        return _layout.squeeze(self, axis)
 
-    def squeeze(self, axis=None) -> "Array":
-        from goblin_dask.array.layout import squeeze
+    def swapaxes(self, axis1, axis2) -> Array:
+        return _layout.swapaxes(self, axis1, axis2)
 
-        return squeeze(self, axis)
+    def dot(self, b, out=None) -> Array:
+        return _linalg.dot(self, b, out)
 
-    def dot(self, other) -> "Array":
-        from goblin_dask.array.linalg import dot
+    def clip(self, min=None, max=None, out=None) -> Array:
+        return clip(self, min, max, out)
 
-        return dot(self, other)
+    def round(self, decimals=0, out=None) -> Array:
+        return round(self, decimals, out)
 
-    def __matmul__(self, other):
-        from goblin_dask.array.linalg import matmul
-
-        return matmul(self, other) if _is_operand(other) else NotImplemented
-
-    def __rmatmul__(self, other):
-        from goblin_dask.array.linalg import matmul
-
-        return matmul(other, self) if _is_operand(other) else NotImplemented
-
-    def clip(self, min=None, max=None) -> "Array":
-        return clip(self, min, max)
-
-    def round(self, decimals: int = 0) -> "Array":
-        if decimals != 0:
-            raise ValueError("round: only decimals=0 is in the catalog (rint)")
-        return elementwise("rint", self)
-
-    def copy(self) -> "Array":
+    def copy(self, order="C") -> Array:
+        """The array itself: ga arrays are immutable."""
+        refuse("copy", order=order not in ("K", "A", "C"))
         return self
 
+    # reductions
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True) -> Array:
+        """Sum over ``axis`` (see :func:`goblin_dask.array.sum`)."""
+        return _reductions.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, initial=initial, where=where)
 
-def _is_operand(x: Any) -> bool:
-    return isinstance(x, (Array, np.ndarray, list, tuple) + SCALAR_TYPES)
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True) -> Array:
+        """Product over ``axis``."""
+        return _reductions.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, initial=initial, where=where)
 
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, *, where=True) -> Array:
+        """Arithmetic mean over ``axis``."""
+        return _reductions.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, where=where)
 
-# reductions as methods
-def _add_reduction_methods() -> None:
-    from goblin_dask.array import reductions
+    def max(self, axis=None, out=None, keepdims=False, initial=None, where=True) -> Array:
+        """Largest value over ``axis`` (NaN propagates)."""
+        return _reductions.max(self, axis=axis, out=out, keepdims=keepdims, initial=initial, where=where)
 
-    for name in ("sum", "prod", "mean", "max", "min", "argmax", "argmin", "var", "std", "any", "all"):
-        def method(self, *args, _f=getattr(reductions, name), **kwargs):
-            return _f(self, *args, **kwargs)
+    def min(self, axis=None, out=None, keepdims=False, initial=None, where=True) -> Array:
+        """Smallest value over ``axis`` (NaN propagates)."""
+        return _reductions.min(self, axis=axis, out=out, keepdims=keepdims, initial=initial, where=where)
 
-        method.__name__ = name
-        method.__doc__ = getattr(reductions, name).__doc__
-        setattr(Array, name, method)
+    def argmax(self, axis=None, out=None, *, keepdims=False) -> Array:
+        """Index of the largest value over ``axis`` (flat when None)."""
+        return _reductions.argmax(self, axis=axis, out=out, keepdims=keepdims)
 
+    def argmin(self, axis=None, out=None, *, keepdims=False) -> Array:
+        """Index of the smallest value over ``axis`` (flat when None)."""
+        return _reductions.argmin(self, axis=axis, out=out, keepdims=keepdims)
 
-# arithmetic operators
-_BINARY = {
-    "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "floordiv": "floor_divide",
-    "mod": "remainder", "pow": "power", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
-    "lshift": "left_shift", "rshift": "right_shift",
-}
-_COMPARE = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal"}
-_UNARY = {"neg": "negative", "pos": "positive", "abs": "absolute", "invert": "invert"}
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True, mean=None,
+            correction=None) -> Array:
+        """Variance over ``axis``."""
+        return _reductions.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, where=where,
+                               mean=mean, correction=correction)
 
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True, mean=None,
+            correction=None) -> Array:
+        """Standard deviation over ``axis``."""
+        return _reductions.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, where=where,
+                               mean=mean, correction=correction)
 
-def _add_operators() -> None:
-    def binary(op, reflected):
-        def method(self, other):
-            if not _is_operand(other):
-                return NotImplemented
-            return elementwise(op, other, self) if reflected else elementwise(op, self, other)
+    def any(self, axis=None, out=None, keepdims=False, *, where=True) -> Array:
+        """Whether any value over ``axis`` is nonzero."""
+        return _reductions.any(self, axis=axis, out=out, keepdims=keepdims, where=where)
 
-        return method
-
-    for dunder, op in _BINARY.items():
-        setattr(Array, f"__{dunder}__", binary(op, False))
-        setattr(Array, f"__r{dunder}__", binary(op, True))
-    for dunder, op in _COMPARE.items():
-        setattr(Array, f"__{dunder}__", binary(op, False))
-    for dunder, op in _UNARY.items():
-        setattr(Array, f"__{dunder}__", lambda self, _op=op: elementwise(_op, self))
-
-
-_add_operators()
+    def all(self, axis=None, out=None, keepdims=False, *, where=True) -> Array:
+        """Whether every value over ``axis`` is nonzero."""
+        return _reductions.all(self, axis=axis, out=out, keepdims=keepdims, where=where)
 
 
 # -- building graphs ------------------------------------------------------------------------
-
-def new_name(prefix: str, *args: Any) -> str:
-    return f"{prefix}-{tokenize(prefix, *args)}"
-
 
 def from_graph(name: str, layer: dict, chunks, dtype, dependencies: Sequence[Array] = (), source=None) -> Array:
     graph = HighLevelGraph.from_collections(name, layer, dependencies=list(dependencies))
@@ -351,6 +432,27 @@ def catalog_task(key: Any, opname: str, *operands: Any, avals: Sequence[Any] | N
     op = get(opname)
     placement = placement_for(op, *(avals if avals is not None else operands), **params)
     return CatalogTask(key, op, *operands, placement=placement, **params)
+
+
+#: What :func:`blockwise` asks for each output block: ``(operands, their avals or None, params)``.
+BlockTask = Callable[[tuple], "tuple[Sequence[Any], Sequence[Any] | None, Mapping[str, Any]]"]
+
+
+def blockwise(opname: str, chunks: tuple[tuple[int, ...], ...], dtype: Any, block: BlockTask, *,
+              token: Sequence[Any], dependencies: Sequence[Array] = ()) -> Array:
+    """An array of one catalog task of ``opname`` per output block.
+
+    ``block(index)`` gives the block's operands (TaskRefs to input blocks, or literals),
+    their avals (for placement; None: the operands) and the op's parameters.  The array
+    is named ``new_name(opname, *token)``, its keys ``(name, *index)``.
+    """
+    name = new_name(opname, *token)
+    layer = {}
+    for idx in itertools.product(*(range(len(c)) for c in chunks)):
+        operands, avals, params = block(idx)
+        key = block_key(name, idx)
+        layer[key] = catalog_task(key, opname, *operands, avals=avals, **params)
+    return from_graph(name, layer, chunks, dtype, dependencies=dependencies)
 
 
 def finalize(results: Any) -> np.ndarray:
@@ -397,6 +499,29 @@ def from_array(x: Any, chunks: Any = "auto"):
     return sources.from_numpy_like(x, chunks)
 
 
+# -- metadata functions (NumPy's, on ga.Arrays) -------------------------------------------------
+
+@implements(np.shape)
+def shape(a) -> tuple[int, ...]:
+    return asarray(a).shape
+
+
+@implements(np.ndim)
+def ndim(a) -> int:
+    return asarray(a).ndim
+
+
+@implements(np.size)
+def size(a, axis=None) -> int:
+    a = asarray(a)
+    return a.size if axis is None else a.shape[axis]
+
+
+@implements(np.result_type)
+def result_type(*arrays_and_dtypes) -> np.dtype:
+    return np.result_type(*(a.dtype if isinstance(a, Array) else a for a in arrays_and_dtypes))
+
+
 # -- elementwise ------------------------------------------------------------------------------
 
 def _as_operand(x: Any) -> Any:
@@ -415,7 +540,7 @@ def _as_operand(x: Any) -> Any:
 
 
 def elementwise(opname: str, *args: Any, **params: Any) -> Array:
-    """One catalog op applied block by block, with NumPy broadcasting and aligned blocks."""
+    """One elementwise catalog op (a name or alias) block by block, with NumPy broadcasting and aligned blocks."""
     op = get(opname)
     operands = [_as_operand(a) for a in args]
     full = [a.aval if isinstance(a, Array) else a for a in operands]
@@ -423,7 +548,7 @@ def elementwise(opname: str, *args: Any, **params: Any) -> Array:
     ndim = len(out.shape)
     arrays = [a for a in operands if isinstance(a, Array)]
     if not arrays:
-        raise TypeError(f"{opname}: needs at least one array operand")
+        raise TypeError(f"{op.name}: needs at least one array operand")
     # Unify the chunks of every axis that is not broadcast.
     chunks = []
     for d in range(ndim):
@@ -437,13 +562,10 @@ def elementwise(opname: str, *args: Any, **params: Any) -> Array:
             want = tuple(chunks[d + ndim - a.ndim] if a.shape[d] == out.shape[d + ndim - a.ndim] and a.shape[d] != 1
                          else a.chunks[d] for d in range(a.ndim))
             if want != a.chunks:
-                from goblin_dask.array.layout import rechunk
-
-                a = rechunk(a, want)
+                a = _layout.rechunk(a, want)
         aligned.append(a)
-    name = new_name(opname, *[a.name if isinstance(a, Array) else a for a in aligned], params)
-    layer = {}
-    for idx in itertools.product(*(range(len(c)) for c in chunks)):
+
+    def block(idx):
         refs, avals = [], []
         for a in aligned:
             if isinstance(a, Array):
@@ -454,48 +576,82 @@ def elementwise(opname: str, *args: Any, **params: Any) -> Array:
             else:
                 refs.append(a)
                 avals.append(a)
-        key = (name, *idx)
-        layer[key] = catalog_task(key, opname, *refs, avals=avals, **params)
-    return from_graph(name, layer, chunks, out.dtype, dependencies=[a for a in aligned if isinstance(a, Array)])
+        return refs, avals, params
+
+    return blockwise(op.name, chunks, out.dtype, block, token=(*[a.name if isinstance(a, Array) else a for a in aligned],
+                                                                params),
+                     dependencies=[a for a in aligned if isinstance(a, Array)])
 
 
-def astype(x: Array, dtype: Any) -> Array:
+@implements(getattr(np, "astype", None))  # NumPy >= 2.1
+def astype(x: Array, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Array:
+    """``x`` as ``dtype`` (NumPy's ``astype`` function; ``copy`` is moot: ga arrays are immutable)."""
+    refuse("astype", device=device not in (None, "cpu"))
+    x = asarray(x)
     dt = check_dtype("astype", dtype)
     if dt == x.dtype:
         return x
     return elementwise("astype", x, dtype=dt.str if dt.byteorder not in "=|" else dt.name)
 
 
-def where(cond: Any, x: Any = None, y: Any = None) -> Array:
-    """``x`` where ``cond`` is true, else ``y`` (the one-argument form is not supported)."""
+@implements(np.where)
+def where(condition: Any, x: Any = None, y: Any = None, /) -> Array:
+    """``x`` where ``condition`` is true, else ``y`` (the one-argument form is not supported)."""
     if x is None or y is None:
-        raise TypeError("where: needs cond, x and y (the one-argument form has a data-dependent shape)")
-    return elementwise("where", cond, x, y)
+        raise TypeError("where: needs condition, x and y (the one-argument form has a data-dependent shape)")
+    return elementwise("where", condition, x, y)
 
 
-def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Array:
-    x = asarray(x)
+@implements(np.clip)
+def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, *, min: Any = None, max: Any = None) -> Array:
+    """``a`` limited to ``[a_min, a_max]`` (``min=``/``max=`` as NumPy 2.1's keywords); None: no limit."""
+    refuse("clip", out=out is not None)
+    if min is not None or max is not None:
+        if a_min is not None or a_max is not None:
+            raise ValueError("clip: give the limits as a_min/a_max or as min=/max=, not both")
+        a_min, a_max = min, max
+    a = asarray(a)
     lo = -np.inf if a_min is None else a_min
     hi = np.inf if a_max is None else a_max
-    if x.dtype.kind in "iub":
-        info = np.iinfo(x.dtype) if x.dtype.kind != "b" else None
+    if a.dtype.kind in "iub":
+        info = np.iinfo(a.dtype) if a.dtype.kind != "b" else None
         lo = (info.min if info else 0) if a_min is None else a_min
         hi = (info.max if info else 1) if a_max is None else a_max
-    return elementwise("clip", x, lo, hi)
+    return elementwise("clip", a, lo, hi)
 
 
-def formula(text: str, **variables: Any) -> Array:
+@implements(np.round, np.around)
+def round(a: Any, decimals: int = 0, out: Any = None) -> Array:
+    """Round to the nearest integer, ties to even (only ``decimals=0``: the catalog's ``rint``)."""
+    refuse("round", out=out is not None)
+    if decimals != 0:
+        raise ValueError("round: only decimals=0 is in the catalog (rint)")
+    return elementwise("rint", asarray(a))
+
+
+@implements(np.isclose)
+def isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Array:
+    """``|a - b| <= atol + rtol * |b|`` elementwise (NaN close to NaN only with ``equal_nan``)."""
+    close = elementwise("less_equal", elementwise("absolute", elementwise("subtract", a, b)),
+                        elementwise("add", atol, elementwise("multiply", rtol, elementwise("absolute", b))))
+    if equal_nan:
+        both = elementwise("logical_and", elementwise("isnan", a), elementwise("isnan", b))
+        close = elementwise("logical_or", close, both)
+    return close
+
+
+def formula(text: str, /, **variables: Any) -> Array:
     """``formula("a * exp(-b) + c", a=x, b=y, c=2.0)``: one fused catalog kernel over the variables.
 
     The expression language is parsed with ``ast`` against an allow-list
     (:mod:`goblin_dask.ops.formula`); variable names never travel: the task carries a
-    canonical expression over ``x0..xN``.
+    canonical expression over ``x0..xN``.  Variables the expression does not use are
+    ignored, as ``numexpr.evaluate(text, local_dict=...)`` ignores them.
     """
-    from goblin_dask.ops.formula import compile_formula
+    from goblin_dask.ops.formula import formula_over
 
-    names = list(variables)
-    expr = compile_formula(text, names)
-    return elementwise("formula", *(variables[n] for n in names), expr=expr)
+    expr, used = formula_over(text, list(variables))
+    return elementwise("formula", *(variables[n] for n in used), expr=expr)
 
 
 def block_of(chunks: tuple[int, ...], position: int) -> tuple[int, int]:
@@ -506,4 +662,8 @@ def block_of(chunks: tuple[int, ...], position: int) -> tuple[int, int]:
     return b, position - offs[b]
 
 
-__all__ = ["Array", "asarray", "astype", "clip", "elementwise", "formula", "from_array", "where"]
+__all__ = ["Array", "Operators", "asarray", "astype", "blockwise", "clip", "elementwise", "formula", "from_array",
+           "isclose", "round", "where"]
+
+# The sibling modules build on this one; Array's methods call them.
+from goblin_dask.array import layout as _layout, linalg as _linalg, reductions as _reductions  # noqa: E402

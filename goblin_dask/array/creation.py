@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import secrets
 from typing import Any
 
 import numpy as np
 
-from goblin_dask.array.core import Array, catalog_task, from_graph, new_name, normalize_chunks, offsets_of
+from goblin_dask.array.core import Array, blockwise, normalize_chunks, offsets_of, refuse
+from goblin_dask.array.numpy_api import implements
 from goblin_dask.ops import get
 from goblin_dask.ops._factories import check_dtype, shape_param
 
@@ -18,13 +17,11 @@ def _filled(opname: str, shape: Any, chunks: Any, dtype: Any, **params: Any) -> 
     shape = shape_param(opname, shape)
     dt = check_dtype(opname, dtype)
     chunks = normalize_chunks(chunks, shape, dt, where=opname)
-    name = new_name(opname, shape, chunks, dt.name, params)
-    layer = {}
-    for idx in itertools.product(*(range(len(c)) for c in chunks)):
-        key = (name, *idx)
-        block = tuple(c[i] for c, i in zip(chunks, idx))
-        layer[key] = catalog_task(key, opname, shape=block, dtype=dt.name, **params)
-    return from_graph(name, layer, chunks, dt)
+
+    def block(idx):
+        return (), None, {"shape": tuple(c[i] for c, i in zip(chunks, idx)), "dtype": dt.name, **params}
+
+    return blockwise(opname, chunks, dt, block, token=(shape, chunks, dt.name, params))
 
 
 def zeros(shape, dtype="float64", chunks="auto") -> Array:
@@ -41,16 +38,32 @@ def full(shape, fill_value, dtype=None, chunks="auto") -> Array:
     return _filled("full", shape, chunks, dtype, fill_value=fill_value)
 
 
-def zeros_like(x, dtype=None, chunks=None) -> Array:
-    return zeros(x.shape, dtype or x.dtype, chunks or getattr(x, "chunks", "auto"))
+def _like(func: str, a: Any, dtype: Any, order: str, shape: Any, device: Any, chunks: Any) -> tuple:
+    """(shape, dtype, chunks) of a new array like ``a`` (NumPy's ``*_like`` keywords; ``chunks``: ga's)."""
+    refuse(func, order=order not in ("K", "A", "C"), device=device not in (None, "cpu"))
+    dtype = a.dtype if dtype is None else dtype
+    if shape is not None:
+        return shape, dtype, chunks or "auto"
+    return a.shape, dtype, chunks or getattr(a, "chunks", "auto")
 
 
-def ones_like(x, dtype=None, chunks=None) -> Array:
-    return ones(x.shape, dtype or x.dtype, chunks or getattr(x, "chunks", "auto"))
+@implements(np.zeros_like)
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None, chunks=None) -> Array:
+    """Zeros with ``a``'s shape, dtype and blocks."""
+    return zeros(*_like("zeros_like", a, dtype, order, shape, device, chunks))
 
 
-def full_like(x, fill_value, dtype=None, chunks=None) -> Array:
-    return full(x.shape, fill_value, dtype or x.dtype, chunks or getattr(x, "chunks", "auto"))
+@implements(np.ones_like)
+def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None, chunks=None) -> Array:
+    """Ones with ``a``'s shape, dtype and blocks."""
+    return ones(*_like("ones_like", a, dtype, order, shape, device, chunks))
+
+
+@implements(np.full_like)
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *, device=None, chunks=None) -> Array:
+    """``fill_value`` everywhere, with ``a``'s shape, dtype and blocks."""
+    shape, dtype, chunks = _like("full_like", a, dtype, order, shape, device, chunks)
+    return full(shape, fill_value, dtype, chunks)
 
 
 def arange(start, stop=None, step=1, dtype=None, chunks="auto") -> Array:
@@ -60,28 +73,29 @@ def arange(start, stop=None, step=1, dtype=None, chunks="auto") -> Array:
     whole = get("arange").abstract_eval(start=start, stop=stop, step=step, **({"dtype": np.dtype(dtype).name} if dtype else {}))
     n, dt = whole.shape[0], whole.dtype
     chunks = normalize_chunks(chunks, (n,), dt, where="arange")
-    name = new_name("arange", start, stop, step, dt.name, chunks)
-    offs, layer = offsets_of(chunks[0]), {}
+    offs = offsets_of(chunks[0])
     exact = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
-    for i, size in enumerate(chunks[0]):
+
+    def block(idx):
+        (i,) = idx
         b_start = start + offs[i] * step
-        b_stop = b_start + size * step if exact else b_start + (size - 0.5) * step
-        key = (name, i)
-        layer[key] = catalog_task(key, "arange", start=b_start, stop=b_stop, step=step, dtype=dt.name)
-    return from_graph(name, layer, chunks, dt)
+        b_stop = b_start + chunks[0][i] * step if exact else b_start + (chunks[0][i] - 0.5) * step
+        return (), None, {"start": b_start, "stop": b_stop, "step": step, "dtype": dt.name}
+
+    return blockwise("arange", chunks, dt, block, token=(start, stop, step, dt.name, chunks))
 
 
 def eye(N: int, M: int | None = None, k: int = 0, dtype="float64", chunks="auto") -> Array:
     M = N if M is None else M
     dt = check_dtype("eye", dtype)
     chunks = normalize_chunks(chunks, (N, M), dt, where="eye")
-    name = new_name("eye", N, M, k, dt.name, chunks)
     ro, co = offsets_of(chunks[0]), offsets_of(chunks[1])
-    layer = {}
-    for i, j in itertools.product(range(len(chunks[0])), range(len(chunks[1]))):
-        key = (name, i, j)
-        layer[key] = catalog_task(key, "eye", n=chunks[0][i], m=chunks[1][j], k=k + ro[i] - co[j], dtype=dt.name)
-    return from_graph(name, layer, chunks, dt)
+
+    def block(idx):
+        i, j = idx
+        return (), None, {"n": chunks[0][i], "m": chunks[1][j], "k": k + ro[i] - co[j], "dtype": dt.name}
+
+    return blockwise("eye", chunks, dt, block, token=(N, M, k, dt.name, chunks))
 
 
 # -- random ---------------------------------------------------------------------------------
@@ -92,13 +106,12 @@ def _random(opname: str, size: Any, chunks: Any, dtype: Any, seed: Any, **params
     chunks = normalize_chunks(chunks, shape, dt, where=opname)
     seed = secrets.randbits(63) if seed is None else seed
     base = tuple(int(s) for s in (seed if isinstance(seed, (tuple, list)) else (seed,)))
-    name = new_name(opname, shape, chunks, dt.name, base, params)
-    layer = {}
-    for idx in itertools.product(*(range(len(c)) for c in chunks)):
-        key = (name, *idx)
-        block = tuple(c[i] for c, i in zip(chunks, idx))
-        layer[key] = catalog_task(key, opname, shape=block, dtype=dt.name, seed=base + idx, **params)
-    return from_graph(name, layer, chunks, dt)
+
+    def block(idx):
+        return (), None, {"shape": tuple(c[i] for c, i in zip(chunks, idx)), "dtype": dt.name, "seed": base + idx,
+                          **params}
+
+    return blockwise(opname, chunks, dt, block, token=(shape, chunks, dt.name, base, params))
 
 
 class RandomModule:

@@ -3,6 +3,8 @@
 Each output block is one catalog task (``getitem``, ``transpose``, ``reshape``,
 ``concatenate``...) over the input blocks it needs, or an ``Alias`` when a block is
 reused as it is.  Index and shape errors are raised here, when the array is built.
+Functions take NumPy's signatures and say which NumPy function they implement
+(``@implements``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import numpy as np
 from dask._task_spec import Alias
 
 from goblin_dask.array.core import (
-    Array, asarray, astype, block_of, catalog_task, from_graph, new_name, normalize_chunks, offsets_of,
+    Array, asarray, astype, block_of, blockwise, catalog_task, from_graph, normalize_chunks, offsets_of, refuse,
 )
+from goblin_dask.array.keys import block_key, new_name, part_key
+from goblin_dask.array.numpy_api import implements
 from goblin_dask.ops import get
 from goblin_dask.ops._factories import normalize_axes
 
@@ -71,6 +75,7 @@ def _slice_pieces(chunks: tuple[int, ...], s: slice) -> list[tuple[int, slice, i
     return pieces
 
 
+@implements(op="getitem")
 def getitem(x: Array, index: Any) -> Array:
     """Basic indexing: ints, slices (any step), None and Ellipsis."""
     index = _normalize_index(index, x.shape)
@@ -108,7 +113,7 @@ def getitem(x: Array, index: Any) -> Array:
                 in_idx[e[1]] = e[2]
                 local.append(e[3])
         in_idx = tuple(in_idx)
-        key = (name, *out_idx)
+        key = block_key(name, out_idx)
         block = x.block_aval(in_idx)
         if plain and all(len(range(*s.indices(n))) == n and s.indices(n)[2] == 1 for s, n in zip(local, block.shape)):
             layer[key] = Alias(key, x.key(in_idx))
@@ -119,33 +124,38 @@ def getitem(x: Array, index: Any) -> Array:
 
 # -- transpose, reshape, squeeze, expand_dims -----------------------------------------------------
 
-def transpose(x: Any, axes: Any = None) -> Array:
-    x = asarray(x)
+@implements(np.transpose, op="transpose")
+def transpose(a: Any, axes: Any = None) -> Array:
+    """Axes permuted (reversed when ``axes`` is None)."""
+    x = asarray(a)
     axes = tuple(range(x.ndim))[::-1] if axes is None else normalize_axes("transpose", tuple(axes), x.shape)
     if len(axes) != x.ndim:
         raise ValueError(f"transpose: axes {axes} do not match shape {x.shape}")
     if axes == tuple(range(x.ndim)):
         return x
-    name = new_name("transpose", x.name, axes)
-    chunks = tuple(x.chunks[a] for a in axes)
-    layer = {}
-    for idx in x.block_indices():
-        out_idx = tuple(idx[a] for a in axes)
-        key = (name, *out_idx)
-        layer[key] = catalog_task(key, "transpose", x.ref(idx), avals=[x.block_aval(idx)], axes=axes)
-    return from_graph(name, layer, chunks, x.dtype, dependencies=[x])
+
+    def block(out_idx):
+        idx = [0] * x.ndim
+        for o, a in zip(out_idx, axes):
+            idx[a] = o
+        return [x.ref(tuple(idx))], [x.block_aval(tuple(idx))], {"axes": axes}
+
+    return blockwise("transpose", tuple(x.chunks[a] for a in axes), x.dtype, block, token=(x.name, axes),
+                     dependencies=[x])
 
 
-def swapaxes(x: Any, a: int, b: int) -> Array:
-    x = asarray(x)
+@implements(np.swapaxes)
+def swapaxes(a: Any, axis1: int, axis2: int) -> Array:
+    x = asarray(a)
     axes = list(range(x.ndim))
-    a, b = normalize_axes("swapaxes", (a, b), x.shape) if a != b else (a % x.ndim,) * 2
-    axes[a], axes[b] = axes[b], axes[a]
+    i, j = normalize_axes("swapaxes", (axis1, axis2), x.shape) if axis1 != axis2 else (axis1 % x.ndim,) * 2
+    axes[i], axes[j] = axes[j], axes[i]
     return transpose(x, tuple(axes))
 
 
-def moveaxis(x: Any, source: Any, destination: Any) -> Array:
-    x = asarray(x)
+@implements(np.moveaxis)
+def moveaxis(a: Any, source: Any, destination: Any) -> Array:
+    x = asarray(a)
     src = normalize_axes("moveaxis", source, x.shape)
     dst = normalize_axes("moveaxis", destination, x.shape)
     order = [n for n in range(x.ndim) if n not in src]
@@ -154,18 +164,29 @@ def moveaxis(x: Any, source: Any, destination: Any) -> Array:
     return transpose(x, tuple(order))
 
 
-def reshape(x: Any, shape: Any) -> Array:
-    """Same data in a new C-order shape (blocks are regrouped first, as dask.array does)."""
+@implements(np.reshape, op="reshape")
+def reshape(a: Any, /, shape: Any = None, order: str = "C", *, newshape: Any = None, copy: Any = None) -> Array:
+    """Same data in a new C-order shape (blocks are regrouped first, as dask.array does).
+
+    ``newshape`` is NumPy's older name for ``shape``; ``copy`` is moot (ga arrays are immutable).
+    """
     from dask.array.reshape import reshape_rechunk
 
-    x = asarray(x)
+    refuse("reshape", order=order != "C")
+    if newshape is not None:
+        if shape is not None:
+            raise TypeError("reshape: give shape or newshape, not both")
+        shape = newshape
+    if shape is None:
+        raise TypeError("reshape() missing required argument 'shape'")
+    x = asarray(a)
     shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(s) for s in shape)
     out_shape = get("reshape").abstract_eval(x.aval, shape=shape).shape  # resolves -1; ValueError when sizes differ
     if out_shape == x.shape:
         return x
     name = new_name("reshape", x.name, out_shape)
     if x.npartitions == 1 or x.size == 0:
-        key = (name,) + (0,) * len(out_shape)
+        key = block_key(name, (0,) * len(out_shape))
         src = x if x.npartitions == 1 else rechunk(x, tuple((n,) for n in x.shape))
         zero = (0,) * x.ndim
         layer = {key: catalog_task(key, "reshape", src.ref(zero), avals=[src.block_aval(zero)], shape=out_shape)}
@@ -181,14 +202,22 @@ def reshape(x: Any, shape: Any) -> Array:
     in_idx = itertools.product(*(range(len(c)) for c in inchunks))
     out_idx = itertools.product(*(range(len(c)) for c in outchunks))
     for i, o in zip(in_idx, out_idx):
-        key = (name, *o)
+        key = block_key(name, o)
         block_shape = tuple(c[j] for c, j in zip(outchunks, o))
         layer[key] = catalog_task(key, "reshape", x2.ref(i), avals=[x2.block_aval(i)], shape=block_shape)
     return from_graph(name, layer, outchunks, x.dtype, dependencies=[x2])
 
 
-def squeeze(x: Any, axis: Any = None) -> Array:
-    x = asarray(x)
+@implements(np.ravel)
+def ravel(a: Any, order: str = "C") -> Array:
+    """The array as 1-d, in C order."""
+    refuse("ravel", order=order not in ("C", "K", "A"))
+    return reshape(a, -1)
+
+
+@implements(np.squeeze, op="squeeze")
+def squeeze(a: Any, axis: Any = None) -> Array:
+    x = asarray(a)
     axes = tuple(i for i, n in enumerate(x.shape) if n == 1) if axis is None else normalize_axes("squeeze", axis, x.shape)
     for a in axes:
         if x.shape[a] != 1:
@@ -198,8 +227,9 @@ def squeeze(x: Any, axis: Any = None) -> Array:
     return _per_block(x, "squeeze", tuple(c for i, c in enumerate(x.chunks) if i not in axes), axis=axes)
 
 
-def expand_dims(x: Any, axis: Any) -> Array:
-    x = asarray(x)
+@implements(np.expand_dims, op="expand_dims")
+def expand_dims(a: Any, axis: Any) -> Array:
+    x = asarray(a)
     axis = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
     axes = normalize_axes("expand_dims", axis, x.shape, ndim=x.ndim + len(axis))
     chunks, it = [], iter(x.chunks)
@@ -210,21 +240,20 @@ def expand_dims(x: Any, axis: Any) -> Array:
 
 def _per_block(x: Array, opname: str, chunks: tuple, insert: tuple = (), **params: Any) -> Array:
     """A shape-only op applied to every block; output axes in ``insert`` are new (block index 0)."""
-    name = new_name(opname, x.name, params)
     drop = set(params.get("axis", ())) if opname == "squeeze" else set()
-    layer = {}
-    for idx in x.block_indices():
-        kept = [i for d, i in enumerate(idx) if d not in drop]
-        out_idx, it = [], iter(kept)
-        for d in range(len(chunks)):
-            out_idx.append(0 if d in insert else next(it))
-        key = (name, *out_idx)
-        layer[key] = catalog_task(key, opname, x.ref(idx), avals=[x.block_aval(idx)], **params)
-    return from_graph(name, layer, chunks, x.dtype, dependencies=[x])
+
+    def block(out_idx):
+        kept = iter(i for d, i in enumerate(out_idx) if d not in insert)
+        idx = tuple(0 if d in drop else next(kept) for d in range(x.ndim))
+        return [x.ref(idx)], [x.block_aval(idx)], params
+
+    return blockwise(opname, chunks, x.dtype, block, token=(x.name, params), dependencies=[x])
 
 
-def broadcast_to(x: Any, shape: Sequence[int], chunks: Any = None) -> Array:
-    x = asarray(x)
+@implements(np.broadcast_to, op="broadcast_to")
+def broadcast_to(array: Any, shape: Sequence[int], subok: bool = False, *, chunks: Any = None) -> Array:
+    """``array`` repeated along new and size-1 axes to ``shape`` (``chunks``: of the new axes)."""
+    x = asarray(array)
     shape = tuple(int(s) for s in shape)
     get("broadcast_to").abstract_eval(x.aval, shape=shape)
     if shape == x.shape:
@@ -238,14 +267,13 @@ def broadcast_to(x: Any, shape: Sequence[int], chunks: Any = None) -> Array:
         else:
             out_chunks.append(normalize_chunks("auto", (n,), x.dtype)[0] if chunks is None else normalize_chunks(chunks, shape, x.dtype)[d])
     out_chunks = tuple(out_chunks)
-    name = new_name("broadcast_to", x.name, shape, out_chunks)
-    layer = {}
-    for idx in itertools.product(*(range(len(c)) for c in out_chunks)):
+
+    def block(idx):
         in_idx = tuple(0 if x.shape[d] == 1 and shape[d + lead] != 1 else idx[d + lead] for d in range(x.ndim))
         bshape = tuple(c[i] for c, i in zip(out_chunks, idx))
-        key = (name, *idx)
-        layer[key] = catalog_task(key, "broadcast_to", x.ref(in_idx), avals=[x.block_aval(in_idx)], shape=bshape)
-    return from_graph(name, layer, out_chunks, x.dtype, dependencies=[x])
+        return [x.ref(in_idx)], [x.block_aval(in_idx)], {"shape": bshape}
+
+    return blockwise("broadcast_to", out_chunks, x.dtype, block, token=(x.name, shape, out_chunks), dependencies=[x])
 
 
 # -- rechunk ----------------------------------------------------------------------------------
@@ -289,10 +317,10 @@ def rechunk(x: Any, chunks: Any = "auto") -> Array:
             if all(s.start == 0 and s.stop == n for s, n in zip(local, block.shape)):
                 piece_refs[combo] = x.ref(in_idx)
             else:
-                pkey = (name + "-piece", *out_idx, *combo)
+                pkey = part_key(name, "piece", *out_idx, *combo)
                 layer[pkey] = catalog_task(pkey, "getitem", x.ref(in_idx), avals=[block], index=local)
                 piece_refs[combo] = _ref(pkey)
-        key = (name, *out_idx)
+        key = block_key(name, out_idx)
         if len(piece_refs) == 1:
             (ref,) = piece_refs.values()
             layer[key] = Alias(key, ref.key)
@@ -309,7 +337,7 @@ def rechunk(x: Any, chunks: Any = "auto") -> Array:
                 for suffix in itertools.product(*rest):
                     parts = [current[prefix + (c,) + suffix] for c in range(shapes[d])]
                     last = d == 0 or all(s == 1 for s in shapes[:d])
-                    ckey = key if last else (name + f"-cat{d}", *out_idx, *prefix)
+                    ckey = key if last else part_key(name, "cat", d, *out_idx, *prefix)
                     part_avals = [_piece_aval(x, grid, prefix + (c,) + suffix, d) for c in range(shapes[d])]
                     layer[ckey] = catalog_task(ckey, "concatenate", *parts, avals=part_avals, axis=d)
                     merged[prefix + (0,) + suffix] = _ref(ckey)
@@ -340,15 +368,27 @@ def _ref(key):
 
 # -- concatenate / stack ------------------------------------------------------------------------
 
-def concatenate(arrays: Sequence[Any], axis: int = 0) -> Array:
+def _cast_all(func: str, arrays: list, dtype: Any, casting: str) -> tuple[list, np.dtype]:
+    """The arrays in ``dtype`` (default: their result type), each cast allowed by ``casting`` as in NumPy."""
+    dtype = np.result_type(*(a.dtype for a in arrays)) if dtype is None else np.dtype(dtype)
+    for a in arrays:
+        if not np.can_cast(a.dtype, dtype, casting=casting):
+            raise TypeError(f"{func}: cannot cast {a.dtype} to {dtype} according to the rule {casting!r}")
+    return [astype(a, dtype) for a in arrays], dtype
+
+
+@implements(np.concatenate)
+def concatenate(arrays: Sequence[Any], /, axis: int = 0, out: Any = None, *, dtype: Any = None,
+                casting: str = "same_kind") -> Array:
+    """The arrays joined along ``axis`` (blocks are reused as they are)."""
+    refuse("concatenate", out=out is not None)
     arrays = [asarray(a) for a in arrays]
     if not arrays:
         raise ValueError("concatenate: needs at least one array")
     get("concatenate").abstract_eval(*(a.aval for a in arrays), axis=axis)  # shapes, dtypes, axis
     ndim = arrays[0].ndim
     axis = normalize_axes("concatenate", axis, arrays[0].shape)[0]
-    dtype = np.result_type(*(a.dtype for a in arrays))
-    arrays = [astype(a, dtype) for a in arrays]
+    arrays, dtype = _cast_all("concatenate", arrays, dtype, casting)
     from goblin_dask.array.core import _common_chunks
 
     common = [_common_chunks(*(a.chunks[d] for a in arrays)) if d != axis else None for d in range(ndim)]
@@ -359,20 +399,23 @@ def concatenate(arrays: Sequence[Any], axis: int = 0) -> Array:
     for a in arrays:
         for idx in a.block_indices():
             out_idx = tuple(i + base if d == axis else i for d, i in enumerate(idx))
-            key = (name, *out_idx)
+            key = block_key(name, out_idx)
             layer[key] = Alias(key, a.key(idx))
         base += a.numblocks[axis]
     return from_graph(name, layer, chunks, dtype, dependencies=arrays)
 
 
-def stack(arrays: Sequence[Any], axis: int = 0) -> Array:
+@implements(np.stack)
+def stack(arrays: Sequence[Any], axis: int = 0, out: Any = None, *, dtype: Any = None, casting: str = "same_kind") -> Array:
+    """The arrays joined along a new axis."""
+    refuse("stack", out=out is not None)
     arrays = [asarray(a) for a in arrays]
     if not arrays:
         raise ValueError("stack: needs at least one array")
     get("stack").abstract_eval(*(a.aval for a in arrays), axis=axis)
     axis = normalize_axes("stack", axis, arrays[0].shape, ndim=arrays[0].ndim + 1)[0]
-    return concatenate([expand_dims(a, axis) for a in arrays], axis=axis)
+    return concatenate([expand_dims(a, axis) for a in arrays], axis=axis, dtype=dtype, casting=casting)
 
 
-__all__ = ["broadcast_to", "concatenate", "expand_dims", "getitem", "moveaxis", "rechunk", "reshape", "squeeze",
-           "stack", "swapaxes", "transpose"]
+__all__ = ["broadcast_to", "concatenate", "expand_dims", "getitem", "moveaxis", "ravel", "rechunk", "reshape",
+           "squeeze", "stack", "swapaxes", "transpose"]

@@ -33,8 +33,11 @@ from typing import Any
 import dask
 import numpy as np
 
-from goblin_dask.array.core import Array, asarray, astype, catalog_task, from_graph, new_name
+from goblin_dask import settings
+from goblin_dask.array.core import Array, asarray, astype, blockwise, catalog_task, from_graph, refuse
+from goblin_dask.array.keys import block_key, new_name, part_key
 from goblin_dask.array.layout import expand_dims, rechunk, reshape, squeeze, transpose
+from goblin_dask.array.numpy_api import implements
 from goblin_dask.ops import get
 from goblin_dask.ops.spec import Aval
 
@@ -44,7 +47,7 @@ MIN_BLOCK = 64
 
 def volunteer_capacity() -> tuple[float, int]:
     """(memory per volunteer thread in bytes, total volunteer threads) of the default client's lab node."""
-    configured = dask.config.get("goblin.product.volunteer-memory", None)
+    configured = settings.get("goblin.product.volunteer-memory")
     try:
         from distributed import default_client
 
@@ -130,9 +133,10 @@ def _even(n: int, b: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(count))
 
 
-def matmul(a: Any, b: Any) -> Array:
-    """``a @ b`` with NumPy's rules (1-d operands, batch dimensions broadcast)."""
-    a, b = asarray(a), asarray(b)
+@implements(np.matmul, op="matmul")
+def matmul(x1: Any, x2: Any, /) -> Array:
+    """``x1 @ x2`` with NumPy's rules (1-d operands, batch dimensions broadcast)."""
+    a, b = asarray(x1), asarray(x2)
     out = get("matmul").abstract_eval(a.aval, b.aval)  # ValueError naming both shapes, before anything runs
     if a.ndim == 1 and b.ndim == 1:
         return reshape(_matmul2(reshape(a, (1, -1)), reshape(b, (-1, 1))), ())
@@ -149,7 +153,7 @@ def _matmul2(a: Array, b: Array) -> Array:
     (m, k), n = a.shape, b.shape[1]
     dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
     budget, workers = volunteer_capacity()
-    frac = float(dask.config.get("goblin.product.memory-fraction", 0.25))
+    frac = float(settings.get("goblin.product.memory-fraction"))
     bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
     a = rechunk(a, (_even(m, bm), _even(k, bk)))
     b = rechunk(b, (_even(k, bk), _even(n, bn)))
@@ -160,7 +164,7 @@ def _matmul2(a: Array, b: Array) -> Array:
         for j in range(b.numblocks[1]):
             acc = None
             for kk in range(nk):
-                key = (name, i, j) if kk == nk - 1 else (f"{name}-partial", i, j, kk)
+                key = block_key(name, (i, j)) if kk == nk - 1 else part_key(name, "partial", i, j, kk)
                 ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
                 if acc is None:
                     layer[key] = catalog_task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
@@ -188,18 +192,13 @@ def _batched(a: Array, b: Array, out: Aval) -> Array:
     bchunks = tuple(_common_chunks(ca, cb) for ca, cb in zip(a.chunks[:-2], b.chunks[:-2]))
     a = rechunk(a, bchunks + (a.chunks[-2], (a.shape[-1],)))
     b = rechunk(b, bchunks + ((b.shape[-2],), b.chunks[-1]))
-    name = new_name("matmul", a.name, b.name)
-    layer = {}
-    import itertools
 
-    for bidx in itertools.product(*(range(len(c)) for c in bchunks)):
-        for i in range(a.numblocks[-2]):
-            for j in range(b.numblocks[-1]):
-                ia, ib = bidx + (i, 0), bidx + (0, j)
-                key = (name, *bidx, i, j)
-                layer[key] = catalog_task(key, "matmul", TaskRef(a.key(ia)), TaskRef(b.key(ib)),
-                                          avals=[a.block_aval(ia), b.block_aval(ib)])
-    return from_graph(name, layer, bchunks + (a.chunks[-2], b.chunks[-1]), out.dtype, dependencies=[a, b])
+    def block(idx):
+        ia, ib = idx[:-1] + (0,), idx[:-2] + (0, idx[-1])
+        return [TaskRef(a.key(ia)), TaskRef(b.key(ib))], [a.block_aval(ia), b.block_aval(ib)], {}
+
+    return blockwise("matmul", bchunks + (a.chunks[-2], b.chunks[-1]), out.dtype, block, token=(a.name, b.name),
+                     dependencies=[a, b])
 
 
 def _tensordot_axes(a: Array, b: Array, axes: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -217,6 +216,7 @@ def _tensordot_axes(a: Array, b: Array, axes: Any) -> tuple[tuple[int, ...], tup
     return tuple(int(x) % a.ndim for x in ax_a), tuple(int(x) % b.ndim for x in ax_b)
 
 
+@implements(np.tensordot, op="tensordot")
 def tensordot(a: Any, b: Any, axes: Any = 2) -> Array:
     """Sum of products over ``axes`` (numpy.tensordot), computed as one blocked product."""
     a, b = asarray(a), asarray(b)
@@ -230,10 +230,16 @@ def tensordot(a: Any, b: Any, axes: Any = 2) -> Array:
     return reshape(_matmul2(a2, b2), out.shape)
 
 
-def einsum(subscripts: str, *operands: Any, **kwargs: Any) -> Array:
-    """Matmul-like einsum of one or two operands (explicit output, distinct letters per operand)."""
-    if kwargs.get("optimize") not in (None, False, True, "greedy", "optimal") or set(kwargs) - {"optimize"}:
-        raise TypeError(f"einsum: unsupported arguments {sorted(kwargs)}")
+@implements(np.einsum)
+def einsum(subscripts: str, /, *operands: Any, out: Any = None, dtype: Any = None, order: str = "K",
+           casting: str = "safe", optimize: Any = False) -> Array:
+    """Matmul-like einsum of one or two operands (explicit output, distinct letters per operand).
+
+    ``optimize`` is accepted and moot (the contraction is one blocked product).
+    """
+    refuse("einsum", out=out is not None, dtype=dtype is not None, order=order != "K", casting=casting != "safe")
+    if optimize not in (None, False, True, "greedy", "optimal"):
+        raise TypeError(f"einsum: unsupported optimize={optimize!r}")
     arrays = [asarray(x) for x in operands]
     subscripts = _expand_ellipsis(subscripts.replace(" ", ""), arrays)
     out = get("einsum").abstract_eval(*(x.aval for x in arrays), subscripts=subscripts)  # validates the contraction
@@ -280,8 +286,10 @@ def _expand_ellipsis(subscripts: str, arrays: list) -> str:
     return ",".join(subs) + "->" + out.replace("...", letters)
 
 
-def dot(a: Any, b: Any) -> Array:
+@implements(np.dot)
+def dot(a: Any, b: Any, out: Any = None) -> Array:
     """numpy.dot for 1-d and 2-d operands; N-d as tensordot over (last of a, second-last of b)."""
+    refuse("dot", out=out is not None)
     a, b = asarray(a), asarray(b)
     if a.ndim == 0 or b.ndim == 0:
         from goblin_dask.array.core import elementwise

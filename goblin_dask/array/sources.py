@@ -66,14 +66,15 @@ class Source:
 
     def blocks(self, chunks: Any):
         from goblin_dask.array.core import from_graph, normalize_chunks, offsets_of
+        from goblin_dask.array.keys import block_key, new_name
 
         chunks = normalize_chunks(chunks, self.shape, self.dtype, where="from_array")
-        name = f"source-{_tokenize(self.token, chunks)}"
+        name = new_name("source", self.token, chunks)
         offs = [offsets_of(c) for c in chunks]
         layer = {}
         for idx in itertools.product(*(range(len(c)) for c in chunks)):
             index = tuple(slice(o[i], o[i + 1]) for o, i in zip(offs, idx))
-            key = (name, *idx)
+            key = block_key(name, idx)
             where = (self.id, self.shape, tuple((o[i], o[i + 1]) for o, i in zip(offs, idx)))
             if self.file is not None:
                 path, offset, order = self.file
@@ -98,21 +99,20 @@ def carries_lab_data(opname: str) -> bool:
     from goblin_dask.ops import catalog
 
     spec = catalog().get(opname)
-    return opname in _LAYOUT_OPS or (spec is not None and "loop" in spec.extra)
+    return opname in _LAYOUT_OPS or (spec is not None and spec.elementwise is not None)
 
 
-#: Lab arrays up to this many elements are not capped by ``goblin.minimization.max-share``: a
-#: vector of means or scale factors is broadcast against every block of the data it belongs to,
-#: so any task would hold more than a share of it; a cap on it would shrink products to 1x1 blocks.
-SMALL_ARRAY = 4096
+# Lab arrays up to ``goblin.minimization.small-array`` elements are not capped by ``goblin.minimization.max-share``:
+# a vector of means or scale factors is broadcast against every block of the data it belongs to,
+# so any task would hold more than a share of it; a cap on it would shrink products to 1x1 blocks.
 
 
 def share_cap(size: int) -> float | None:
     """The most elements of a lab array of ``size`` elements one volunteer task may hold (None: no cap)."""
-    import dask
+    from goblin_dask import settings
 
-    share = dask.config.get("goblin.minimization.max-share", 0.25)
-    small = int(dask.config.get("goblin.minimization.small-array", SMALL_ARRAY))
+    share = settings.get("goblin.minimization.max-share")
+    small = int(settings.get("goblin.minimization.small-array"))
     if share is None or float(share) >= 1 or size <= small:
         return None
     return float(share) * size
@@ -141,8 +141,11 @@ def lab_arrays(x: Any) -> dict[str, int]:
         if found is not None:
             out[found[0]] = int(found[1])
             continue
-        prefix = name.rsplit("-", 1)[0]
-        if prefix not in ("rechunk", "array") and not carries_lab_data(prefix):
+        from goblin_dask.array.keys import split_name
+
+        split = split_name(name)
+        prefix = split.prefix if split is not None else name
+        if prefix != "rechunk" and not carries_lab_data(prefix):
             from goblin_dask.ops import catalog
 
             if prefix in catalog():

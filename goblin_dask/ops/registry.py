@@ -59,6 +59,14 @@ def op_by_name(name: str, version: int = 1) -> OpSpec:
     return spec
 
 
+def volunteer_op_by_name(name: str, version: int = 1) -> OpSpec:
+    """:func:`op_by_name` for a volunteer's unpickler: ops placed on the lab only are not on its list."""
+    spec = op_by_name(name, version)
+    if spec.placement != "volunteer":
+        raise CatalogError(f"operation {name!r} runs on the lab worker only; a volunteer does not load it")
+    return spec
+
+
 def get(name: str) -> OpSpec:
     """The op called ``name`` or one of its aliases (``abs`` is ``absolute``)."""
     _load_all()

@@ -2,11 +2,16 @@
 
 An :class:`OpSpec` is the single object that *is* an operation: its shape and dtype
 rules (run on abstract values, before any data moves), its kernels (numpy reference,
-optional numba and cupy), its cost, its verification method and a slot for the
-gradient rule.  The registry built from these declarations is the allow-list used by
-the lab node (what may be placed on a volunteer) and by the volunteer agent (what it
-will deserialize and run).  A task names its op; the op pickles *by name*, so a
-volunteer resolves the kernel from its own installed catalog and never receives code.
+optional numba and cupy), its cost, its typed verification (:class:`Freivalds` with the
+op's product form, :class:`Replica`, :class:`Recompute`, :class:`Exact`) and the
+placement that follows from it, its gradient rule, its Python operator, aliases and
+reduction combine rule, the grammar of any text parameter, and example calls.  The
+array API, formulas, NumPy dispatch, the lab's checks and the scheduler's filters read
+these declarations; nothing keeps a second table.  The registry built from them is the
+allow-list used by the lab node (what may be placed on a volunteer) and by the volunteer
+agent (what it will deserialize and run).  A task names its op; the op pickles *by
+name*, so a volunteer resolves the kernel from its own installed catalog and never
+receives code.  How to add one: ``goblin_dask/ops/README.md``.
 """
 
 from __future__ import annotations
@@ -346,11 +351,3 @@ class CatalogTask(Task):
 
     def copy(self) -> "CatalogTask":
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, **self.kwargs)
-
-
-def is_catalog_task(task: Any) -> bool:
-    """True for a CatalogTask of a registered op whose nested arguments are plain data."""
-    from goblin_dask.ops.registry import is_registered
-
-    return isinstance(task, CatalogTask) and is_registered(task.func)
-

@@ -9,15 +9,17 @@ recomputation when it was rejected.  Every downstream task and the researcher
 therefore only ever see accepted numbers; the scheduler places a catalog task on a
 volunteer only under an ``unverified-`` key.
 
-How a result is verified follows its op's declared method:
+How a result is verified follows its op's declared verification (``OpSpec.verify``):
 
-* ``freivalds`` (products): always checked, in O(n^2) (:mod:`.freivalds`).
-* ``replica``: the ledger decides, from the volunteer's trust, whether the task runs
+* ``Freivalds(form=...)`` (products): always checked, in O(n^2) (:mod:`.freivalds`),
+  through the op's own form of the task as ``c == a @ b (+ c0)``.
+* ``Replica()``: the ledger decides, from the volunteer's trust, whether the task runs
   again on a *different* volunteer (BOINC's adaptive replication); the two results are
   compared (exactly for integers and booleans) and on disagreement the lab recomputes
   and decides.  Unreplicated results of trusted volunteers are recomputed by the lab at
   a sampling rate that falls with trust; the rest are accepted on trust.
-* ``recompute`` / ``exact`` (and a product form that cannot be checked): the lab recomputes.
+* ``Recompute()`` / ``Exact()``: the lab recomputes (such ops run on the lab worker only, so
+  only a forced method below reaches this).
 
 ``dask.config`` ``goblin.verification.method`` overrides the declared method of every
 volunteer task (``"replica"``: replicate products too, for the benchmark).
@@ -33,7 +35,7 @@ import dask
 import numpy as np
 from dask._task_spec import GraphNode, Task, TaskRef
 
-from goblin_dask.ops.spec import CatalogTask, OpSpec
+from goblin_dask.ops.spec import CatalogTask, Exact, Freivalds, OpSpec, Recompute, Replica, Verification
 from goblin_dask.validation.freivalds import check_product
 
 logger = logging.getLogger("goblin_dask.validation")
@@ -42,9 +44,11 @@ UNVERIFIED_PREFIX = "unverified-"
 #: Key of the verdicts in the check task's metadata (sent with its task-finished message).
 VERDICTS = "goblin-verdicts"
 #: Scheduler handler the lab worker asks how to verify a replica-method result.
-POLICY_HANDLER = "goblin_policy"
+from goblin_dask.node.rpc import POLICY as POLICY_HANDLER  # noqa: E402
 #: Methods a verdict may name (the report's ``by_method`` keys).
 METHODS = ("freivalds", "replica", "sample", "recompute", "trusted")
+#: What ``goblin.verification.method`` may force on every volunteer task instead of the ops' own.
+OVERRIDES = {"replica": Replica(), "recompute": Recompute(), "exact": Exact()}
 
 
 def is_unverified_key(key: Any) -> bool:
@@ -61,13 +65,15 @@ def unverified_key(key: Any) -> Any:
 def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, GraphNode]:
     """Return ``dsk`` with a lab-side check after every volunteer-placed catalog task."""
     forced = dask.config.get("goblin.verification.method", None)
+    if forced is not None and forced not in OVERRIDES:
+        raise ValueError(f"goblin.verification.method = {forced!r}: one of {sorted(OVERRIDES)} or None")
     out: dict[Any, GraphNode] = {}
     for key, node in dsk.items():
         if isinstance(node, CatalogTask) and node.placement == "volunteer" and not is_unverified_key(key):
             raw = unverified_key(key)
             out[raw] = CatalogTask(raw, node.func, *node.args, placement="volunteer", **node.kwargs)
             out[key] = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
-                            method=forced or node.func.verify, refs=_refs(node.args))
+                            method=forced, refs=_refs(node.args))
         else:
             out[key] = node
     return out
@@ -85,25 +91,27 @@ def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict, 
            refs: tuple = ()) -> Any:
     """Lab worker: verify a volunteer's result; return it, or the lab's recomputation.
 
+    ``method`` (``goblin.verification.method``) overrides the op's declared verification.
+
     A result that is not a numeric ``numpy.ndarray`` of the shape and dtype the catalog's
     rules predict for the task (:func:`result_form_violation`) is rejected before any check
     runs, with the reason, and the lab's own result is used.
     """
     check = _Check(raw_key, op, operands, params, refs)
-    method = method or op.verify
+    verification = OVERRIDES[method] if method else op.verify
     why = result_form_violation(result, op, operands, params) if _worker() is not None else None
     if why is not None:
         logger.warning("rejected result %r: %s", raw_key, why)
-        check.verdict(raw_key, _method_name(method), False, why)
+        check.verdict(raw_key, _method_name(verification), False, why)
         out = check.lab_result()
     else:
-        out = check.run(result, method)
+        out = check.run(result, verification)
     publish_verdicts(check.verdicts, check.seconds, check.cpu_seconds)
     return out
 
 
-def _method_name(method: str) -> str:
-    return method if method in METHODS else "recompute"
+def _method_name(verification: Verification) -> str:
+    return verification.method if verification.method in METHODS else "recompute"
 
 
 def result_form_violation(result: Any, op: OpSpec, operands: tuple, params: dict) -> str | None:
@@ -129,6 +137,26 @@ def result_form_violation(result: Any, op: OpSpec, operands: tuple, params: dict
     return None
 
 
+def judge(op: OpSpec, operands: tuple, params: dict, result: Any) -> bool:
+    """Would the lab accept ``result`` of ``op`` on ``operands``, by the op's declared verification alone?
+
+    The check a volunteer's result meets, without a grid: a Freivalds form is checked, any
+    other method compares with the lab's own computation (what a disagreeing replica comes
+    to).  The catalog tests run it on every op's examples, so an op whose verification
+    cannot run fails there; ``benchmarks/gpu_check.py`` runs it on GPU kernels.
+    """
+    if result_form_violation(np.asarray(result) if isinstance(result, np.generic) else result, op, operands, params):
+        return False
+    verification = op.verify
+    if isinstance(verification, Freivalds):
+        form = verification.form(result, *operands, **params)
+        if form is not None:
+            return bool(check_product(form.c, form.a, form.b, form.c0))
+        verification = verification.otherwise
+    want = op.kernel("cpu")(*operands, **params)
+    return same_result(result, want, operands, exact=isinstance(verification, Exact))
+
+
 class _Check:
     """One volunteer result under verification (see the module docstring for the methods)."""
 
@@ -144,14 +172,14 @@ class _Check:
         source = self.source if key == self.raw_key else None  # a replica: the ledger knows who computed it
         self.verdicts.append((key, method, bool(accepted), source, reason))
 
-    def run(self, result: Any, method: str) -> Any:
-        if method == "freivalds":
-            return self.freivalds(result)
+    def run(self, result: Any, verification: Verification) -> Any:
+        if isinstance(verification, Freivalds):
+            return self.freivalds(result, verification)
         if _worker() is None:  # a local scheduler computed it here: nothing untrusted to check
             return result
-        if method == "replica":
+        if isinstance(verification, Replica):
             return self.replica(result)
-        return self.recompute(result, "recompute", exact=method == "exact")
+        return self.recompute(result, "recompute", exact=isinstance(verification, Exact))
 
     def _timed(self, fn, *args):
         start, cpu = time.perf_counter(), time.thread_time()
@@ -172,22 +200,19 @@ class _Check:
         kernel = self.op.kernel("cpu")
         return self._timed(lambda: kernel(*self.operands, **self.params))
 
-    def freivalds(self, result: Any) -> Any:
-        from goblin_dask.ops.linalg import matmul_form
-
+    def freivalds(self, result: Any, verification: Freivalds) -> Any:
         expected = self.op.abstract_eval(*self.operands, **self.params)
-        verdict = None
+        verdict = form = None
         if isinstance(result, (np.ndarray, np.generic)) and (result.shape, result.dtype) == tuple(expected):
-            try:
-                form = matmul_form(self.op, self.operands, result, **self.params)
-            except ValueError:  # not a product (a one-operand einsum): its declared fallback
-                return self.run(result, self.op.extra.get("verify_one_operand", "replica"))
-            verdict = self._timed(check_product, *form)
+            form = verification.form(result, *self.operands, **self.params)
+            if form is None:  # this call is no product (a one-operand einsum): the op's declared fallback
+                return self.run(result, verification.otherwise)
+            verdict = self._timed(check_product, form.c, form.a, form.b, form.c0)
         ok = bool(verdict)
         self.verdict(self.raw_key, "freivalds", ok)
         if ok:
             return result
-        if verdict is not None and verdict.recomputed is not None and self.op.name in ("matmul", "matmul_accumulate"):
+        if verdict is not None and verdict.recomputed is not None and form.same_layout:
             return verdict.recomputed.reshape(np.shape(result))
         return self.lab_result()
 

@@ -1,0 +1,239 @@
+"""The embedded default: the whole grid on this machine (:class:`LabNode`), and :func:`connect`.
+
+``LabNode.local()`` starts each part as a separate OS process the way its command starts it
+(``goblin node``, the lab worker, ``goblin volunteer``), all on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+
+from goblin_dask.credentials import issue_credential
+from goblin_dask.node import admin, rpc
+from goblin_dask.node.process import stop_process
+from goblin_dask.node.scheduler import NODE_FILE, read_node_file
+from goblin_dask.roles import LAB_WORKER_NAME
+
+
+class LabNodeStartError(RuntimeError):
+    """A part of a local lab node did not start; the message says which and why."""
+
+
+class LabNode:
+    """A running lab node with its researcher client (``.client``)."""
+
+    def __init__(self, address: str, *, state_dir: Path, dashboard_link: str | None = None,
+                 processes: dict[str, subprocess.Popen] | None = None, owns_state_dir: bool = False,
+                 client=None):
+        from goblin_dask.credentials import LabKeys
+
+        self.address = address
+        self.state_dir = Path(state_dir)
+        self.dashboard_link = dashboard_link
+        self.processes: dict[str, subprocess.Popen] = dict(processes or {})
+        self.keys = LabKeys(self.state_dir)
+        self._owns_state_dir = owns_state_dir
+        self.client = client
+        self._closed = False
+        self._threads = 1  # of a volunteer that add_volunteer starts
+        self._memory_limit: str | int | float = "auto"
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def local(cls, volunteers: int = 2, threads_per_volunteer: int = 1, memory_limit: str | int | float | None = None,
+              *, state_dir: str | os.PathLike | None = None, lab_threads: int = 2,
+              lab_memory_limit: str | int | float = "auto", dashboard: bool = True,
+              timeout: float = 120) -> "LabNode":
+        """Start a whole grid on 127.0.0.1: scheduler, lab worker and ``volunteers`` agents.
+
+        volunteers: volunteer processes to start (more: :meth:`add_volunteer`).
+        threads_per_volunteer: task threads of each volunteer.
+        memory_limit: each volunteer's memory limit (bytes or "4GB"); None: "auto".
+        state_dir: the node's state directory; None: a new temporary directory, removed on close.
+        lab_threads: task threads of the lab worker (its glue tasks and checks).
+        lab_memory_limit: the lab worker's memory limit ("auto": the machine's).
+        dashboard: serve the dashboard (on a free port; ``.dashboard_link``).
+        timeout: seconds to wait for each part to start and join.
+
+        The node takes the caller's ``goblin.*`` dask config (``goblin.smtp`` and ``goblin.admins`` make
+        its dashboard's ``/goblin/signin`` work).
+        """
+        if volunteers < 0 or threads_per_volunteer < 1:
+            raise ValueError("LabNode.local: volunteers must be >= 0 and threads_per_volunteer >= 1")
+        owns = state_dir is None
+        node = cls("", state_dir=Path(state_dir or tempfile.mkdtemp(prefix="goblin-lab-")), owns_state_dir=owns)
+        node._memory_limit = memory_limit or "auto"
+        node._threads = threads_per_volunteer
+        try:
+            node._start_scheduler(bool(dashboard), float(timeout))
+            lab_credential = issue_credential(node.state_dir, "lab", LAB_WORKER_NAME)
+            node._start_part(LAB_WORKER_NAME, [
+                "-m", "goblin_dask.cli", "lab-worker", node.address, "--credential",
+                str(lab_credential.save(node.state_dir / "lab-worker.credential")), "--nthreads", str(int(lab_threads)),
+                "--memory-limit", str(lab_memory_limit), "--host", "127.0.0.1",
+            ])
+            names = [node.add_volunteer(wait=False) for _ in range(volunteers)]
+            node._connect(1 + volunteers, float(timeout), [LAB_WORKER_NAME, *names])
+        except BaseException:
+            node.close()
+            raise
+        return node
+
+    def _log_path(self, part: str) -> Path:
+        logs = self.state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        return logs / f"{part}.log"
+
+    def _start_part(self, part: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self._log_path(part), "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env, cwd=str(self.state_dir))
+        log.close()
+        self.processes[part] = proc
+        return proc
+
+    def _failure(self, part: str, what: str) -> LabNodeStartError:
+        tail = self._log_path(part).read_text(errors="replace").strip().splitlines()[-15:]
+        return LabNodeStartError(f"lab node part '{part}' {what}; last lines of its log:\n" + "\n".join(tail))
+
+    def _start_scheduler(self, dashboard: bool, timeout: float) -> None:
+        args = ["-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0", "--state-dir", str(self.state_dir)]
+        args += ["--dashboard-port", "0"] if dashboard else ["--no-dashboard"]
+        (self.state_dir / NODE_FILE).unlink(missing_ok=True)
+        inherited = dask.config.serialize({"goblin": dask.config.get("goblin")})
+        proc = self._start_part("scheduler", args, env={"DASK_INTERNAL_INHERIT_CONFIG": inherited})
+        deadline = time.monotonic() + timeout
+        while not (self.state_dir / NODE_FILE).exists():
+            if proc.poll() is not None:
+                raise self._failure("scheduler", f"exited with code {proc.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                raise self._failure("scheduler", f"was not ready after {timeout:.0f} s")
+            time.sleep(0.05)
+        info = read_node_file(self.state_dir)
+        self.address, self.dashboard_link = info["address"], info["dashboard_link"]
+
+    def _connect(self, n_workers: int, timeout: float, parts: list[str]) -> None:
+        self.client = admin.admin_client(self.state_dir, self.address, set_as_default=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while len(self.client.scheduler_info(n_workers=-1)["workers"]) < n_workers:
+            for part in parts:
+                proc = self.processes[part]
+                if proc.poll() is not None:
+                    raise self._failure(part, f"exited with code {proc.returncode} before joining")
+            if time.monotonic() > deadline:
+                raise LabNodeStartError(f"only {len(self.client.scheduler_info()['workers'])} of {n_workers} workers joined within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    # -- volunteers ---------------------------------------------------------
+    def enroll(self, name: str | None = None) -> str:
+        """A new volunteer credential; with ``.address`` it is all a volunteer needs."""
+        return issue_credential(self.state_dir, "volunteer", name).encode()
+
+    def add_volunteer(self, credential: str | None = None, *, nthreads: int | None = None, memory_limit=None,
+                      wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = (),
+                      module: str = "goblin_dask.volunteer") -> str:
+        """Start one more local volunteer process (as ``goblin volunteer`` would); returns its name.
+
+        ``module`` is the program run with ``python -m`` (tests start deliberately faulty agents this way).
+        """
+        from goblin_dask.tls import Credential
+
+        credential = credential or self.enroll()
+        name = Credential.decode(credential).name
+        self._start_part(name, [
+            "-m", module, self.address, "--token", credential,
+            "--nthreads", str(nthreads or self._threads),
+            "--memory-limit", str(memory_limit or self._memory_limit), *extra_args,
+        ])
+        if wait:
+            deadline = time.monotonic() + timeout
+            while name not in self.volunteer_names():
+                proc = self.processes[name]
+                if proc.poll() is not None:
+                    raise self._failure(name, f"exited with code {proc.returncode} before joining")
+                if time.monotonic() > deadline:
+                    raise LabNodeStartError(f"volunteer {name} did not join within {timeout:.0f} s")
+                time.sleep(0.1)
+        return name
+
+    def volunteer_names(self) -> list[str]:
+        return sorted(v["name"] for v in self._workers().values() if v["role"] == "volunteer")
+
+    def volunteer_addresses(self) -> dict[str, str]:
+        return {v["name"]: a for a, v in self._workers().items() if v["role"] == "volunteer"}
+
+    def lab_worker_address(self) -> str:
+        return next(a for a, v in self._workers().items() if v["role"] == "lab")
+
+    def _workers(self) -> dict[str, dict]:
+        return self.client.sync(getattr(self.client.scheduler, rpc.WORKERS))
+
+    def kill_volunteer(self, name: str) -> None:
+        """SIGKILL a local volunteer process (fault injection)."""
+        proc = self.processes[name]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def revoke(self, name: str) -> list[str]:
+        """Revoke ``name``'s credential and disconnect it; it is refused from now on (as ``goblin revoke``)."""
+        return admin.revoke(self.state_dir, name, self.client)
+
+    def report(self) -> dict[str, Any]:
+        """The verification ledger: tasks, accepted, rejected, by_method, volunteers, overhead."""
+        return self.client.sync(getattr(self.client.scheduler, rpc.REPORT))
+
+    # -- shutdown -----------------------------------------------------------
+    def close(self) -> None:
+        """Close the client and stop every process of the grid; leaves none behind."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.client is not None:
+            try:
+                self.client.close(timeout=10)
+            except Exception:  # the node may already be gone
+                pass
+        order = [p for p in self.processes if p not in ("scheduler", LAB_WORKER_NAME)] + [LAB_WORKER_NAME, "scheduler"]
+        for part in order:
+            if part in self.processes:
+                stop_process(self.processes[part])
+        if self._owns_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "LabNode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<LabNode {self.address} parts={sorted(self.processes)}>"
+
+
+def connect(address: str, credential: str | os.PathLike | None = None, **kwargs: Any):
+    """A ``distributed.Client`` for a researcher to a running lab node.
+
+    ``credential``: the file (or string) that ``goblin researchers approve`` issued.
+    """
+    from distributed import Client
+
+    from goblin_dask.tls import Credential
+
+    if credential is None:
+        raise ValueError("connect: a lab node only accepts researchers with a credential (credential=PATH)")
+    return Client(address, security=Credential.load(credential).security(), **kwargs)

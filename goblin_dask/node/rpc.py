@@ -1,0 +1,31 @@
+"""The names of goblin's handlers and messages on the wire, in one place.
+
+Scheduler handlers are installed by :mod:`scheduler_plugins` and :mod:`goblin_dask.link` and called
+by the lab's processes, the lab admin, researchers and volunteers (who may call which:
+:mod:`scheduler_plugins.admission`).  This module imports nothing: the scheduler plugins, the
+volunteer agent and the validation checks all read it.
+"""
+
+# -- scheduler handlers ------------------------------------------------------------------------
+
+#: The verification ledger's report (researchers may read it).
+REPORT = "goblin_report"
+#: The lab admin revokes a credential and disconnects its holder (``goblin revoke``, ``LabNode.revoke``).
+REVOKE = "goblin_revoke"
+#: The lab's own processes and the admin ban a volunteer, with the reason.
+BAN = "goblin_ban"
+#: The connected workers: address -> {"role", "name"}.
+WORKERS = "goblin_workers"
+#: The lab worker asks how to check one unverified result (replica / sample / Freivalds).
+POLICY = "goblin_policy"
+#: A volunteer asks which lab processes to keep standby connections to (:mod:`goblin_dask.link`).
+LINK_ENDPOINTS = "goblin_link_endpoints"
+#: The lab worker reports a volunteer it refused on the comm layer (:mod:`goblin_dask.link`).
+REFUSE_VOLUNTEER = "goblin_refuse_volunteer"
+
+# -- messages on a volunteer's standby connection (:mod:`goblin_dask.link`) --------------------
+
+#: A volunteer parks a connection at a lab process: ``{"op": STANDBY, "address": ...}``.
+STANDBY = "goblin_standby"
+#: The lab process takes a parked connection into use: ``{"op": ACTIVATE}``.
+ACTIVATE = "goblin_activate"

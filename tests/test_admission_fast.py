@@ -1,0 +1,219 @@
+"""Admission and authorization on an in-process lab node (``tests.inprocess``): who joins, as what, calling what.
+
+Every peer below presents a real certificate of the lab's CA over mutual TLS, and workers
+their signed tokens; ``test_grid`` and ``test_access_tls`` check the same with real processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from distributed.core import rpc as connect_rpc
+
+from goblin_dask.credentials import LabKeys
+from goblin_dask.node import rpc
+from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
+from goblin_dask.tls import LabCA
+from scheduler_plugins.admission import REFUSALS_KEPT
+from tests.inprocess import run_lab, volunteer_worker
+
+
+def _as(lab, role: str, name: str):
+    """A bare connection to the scheduler presenting ``role``/``name``'s certificate."""
+    security = LabCA(lab.state_dir).issue(role, name).security()
+    return connect_rpc(lab.scheduler.address, connection_args=security.get_connection_args("client"))
+
+
+# -- joining ------------------------------------------------------------------------------
+
+
+def test_roles_and_resources_come_from_the_credential_not_from_the_worker(tmp_path):
+    async def body(lab):
+        greedy = await lab.start_worker(lab.credential("volunteer", "greedy"), cls=volunteer_worker(), nthreads=2,
+                                        resources={LAB_RESOURCE: LAB_SLOTS, VOLUNTEER_RESOURCE: 2})
+        ws = lab.scheduler.workers[greedy.address]
+        assert ws.resources == {VOLUNTEER_RESOURCE: 2.0} and ws.name == "greedy"  # no lab slots for it
+        lab_ws = lab.scheduler.workers[lab.address_of("lab-worker")]
+        assert lab_ws.resources == {LAB_RESOURCE: LAB_SLOTS}
+        assert lab.admission.roles == {greedy.address: "volunteer", lab.address_of("alice"): "volunteer",
+                                       lab_ws.address: "lab"}
+        assert sorted(lab.admission.volunteers()) == sorted([greedy.address, lab.address_of("alice")])
+        assert lab.admission.lab_workers() == [lab_ws.address]
+        async with lab.client("admin", "root") as admin:
+            workers = await getattr(admin.scheduler, rpc.WORKERS)()
+        assert workers[greedy.address] == {"role": "volunteer", "name": "greedy"}
+        assert workers[lab_ws.address] == {"role": "lab", "name": "lab-worker"}
+        async with lab.client() as client:  # a researcher's function still runs on the lab worker only
+            assert await client.submit(sum, [1, 2, 3]) == 6
+        assert lab.recorder.workers_of(next(k for k, _ in lab.recorder.finished if str(k).startswith("sum")))\
+            == [lab_ws.address]
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("forged", "not signed by this lab node"),
+    ("another name", "does not match its token"),
+    ("another role", "does not match its token"),
+    ("no token", "malformed credential"),
+    ("revoked", "was revoked"),
+    ("connected twice", "is already connected"),
+])
+def test_a_worker_with_a_bad_credential_is_refused_with_the_reason(tmp_path, case, reason):
+    async def body(lab):
+        ca, keys = LabCA(lab.state_dir), LabKeys(lab.state_dir)
+        good = lab.credentials["alice"]
+        credential = {
+            "forged": dataclasses.replace(good, token=good.token[:-4] + "0000"),
+            "another name": ca.issue("volunteer", "mallory", token=good.token),  # alice's token, mallory's certificate
+            "another role": ca.issue("volunteer", "alice", token=keys.issue("lab", "alice")),  # a lab token, stolen
+            "no token": dataclasses.replace(good, token=""),
+            "connected twice": good,
+        }.get(case)
+        if case == "revoked":
+            credential = lab.credential("volunteer", "eve")
+            keys.revoke("eve")
+        before = set(lab.scheduler.workers)
+        with pytest.raises(ValueError, match="goblin lab node refused this worker"):
+            await lab.start_worker(credential, cls=volunteer_worker(), resources={VOLUNTEER_RESOURCE: 1})
+        assert set(lab.scheduler.workers) == before
+        refusal = lab.admission.refusals[-1]
+        assert reason in refusal["reason"], refusal
+        assert {"kind": "refused", **refusal} in lab.ledger.report()["refusals"]
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
+def test_a_volunteer_that_left_may_come_back_but_a_banned_one_may_not(tmp_path):
+    async def body(lab):
+        alice, bob = lab.credentials["alice"], lab.credentials["bob"]
+        await lab.workers["alice"].close()
+        await lab.wait_for(lambda: "alice" not in lab.connected())
+        assert lab.admission.roles.get(lab.workers["alice"].address) is None  # forgotten when it left
+        await lab.add_volunteer("alice", credential=alice)
+        assert "alice" in lab.connected()
+        closed = lab.admission.ban("bob", "tested")
+        assert closed == [lab.address_of("bob")]
+        await lab.wait_for(lambda: "bob" not in lab.connected())
+        with pytest.raises(ValueError, match="revoked"):
+            await lab.add_volunteer("bob", credential=bob)
+        keys = LabKeys(lab.state_dir)
+        with pytest.raises(PermissionError, match="revoked"):  # nobody enrolls under a banned name again
+            keys.issue("volunteer", "bob")
+        assert lab.admission.banned == {"bob"}
+
+    run_lab(tmp_path, body)
+
+
+def test_a_ban_is_recorded_once_with_its_first_reason(tmp_path):
+    async def body(lab):
+        lab.admission.ban("alice", "first reason")
+        lab.admission.ban("alice", "second reason")
+        await lab.wait_for(lambda: "alice" not in lab.connected())
+        bans = lab.ledger.report()["bans"]
+        assert [(b["name"], b["reason"]) for b in bans] == [("alice", "first reason")]
+        assert lab.ledger.report()["volunteers"]["alice"]["banned"]
+
+    run_lab(tmp_path, body)
+
+
+def test_refusals_kept_for_the_report_are_bounded(tmp_path):
+    async def body(lab):
+        for i in range(REFUSALS_KEPT + 25):
+            lab.admission.refuse_volunteer(f"v{i}", f"reason {i}", ban=False)
+        refusals = lab.admission.refusals
+        assert len(refusals) == REFUSALS_KEPT
+        assert refusals[0] == {"address": "v25", "reason": "reason 25"}  # the oldest went first
+        assert lab.admission.bans == [] and lab.admission.banned == set()
+        lab.admission.refuse_volunteer("alice", "sent a pickled function")  # ban=True by default
+        await lab.wait_for(lambda: "alice" not in lab.connected())
+        assert lab.admission.bans[0]["reason"] == "sent a pickled function"
+
+    run_lab(tmp_path, body)
+
+
+# -- handlers --------------------------------------------------------------------------------
+
+
+def test_a_volunteer_may_call_only_the_volunteer_handlers(tmp_path):
+    async def body(lab):
+        async with _as(lab, "volunteer", "alice") as r:
+            assert (await r.identity())["type"] == "Scheduler"
+            for op in ("gather", rpc.REPORT, rpc.REVOKE, "register-client", "terminate"):
+                with pytest.raises(PermissionError, match=f"'{op}' is not allowed for volunteer alice"):
+                    await getattr(r, op)()
+        assert "alice" in lab.connected() and lab.scheduler.status.name == "running"
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
+def test_a_researcher_may_call_its_allow_list_only(tmp_path):
+    async def body(lab):
+        async with lab.client() as client:
+            assert (await getattr(client.scheduler, rpc.REPORT)())["tasks"] == 0
+            assert await client.submit(max, [4, 2]) == 4
+            for op in (rpc.REVOKE, rpc.BAN, rpc.WORKERS, rpc.POLICY, "register-worker", "heartbeat_worker",
+                       "retire_workers", "terminate", "set_resources"):
+                with pytest.raises(PermissionError, match=f"'{op}' is not allowed for researcher ada"):
+                    await getattr(client.scheduler, op)()
+        assert lab.connected() == {"lab-worker", "alice", "bob"} and lab.admission.bans == []
+
+    run_lab(tmp_path, body)
+
+
+def test_only_client_roles_open_a_client_session(tmp_path):
+    async def body(lab):
+        async with _as(lab, "volunteer", "alice") as r:
+            with pytest.raises(PermissionError, match="'register-client' is not allowed"):
+                await getattr(r, "register-client")(client="c-1", versions={})
+        async with _as(lab, "researcher", "ada") as r:
+            assert (await r.identity())["type"] == "Scheduler"
+
+    run_lab(tmp_path, body, volunteers=())
+
+
+def test_a_volunteer_heartbeating_for_another_worker_is_banned(tmp_path):
+    async def body(lab):
+        bob = lab.address_of("bob")
+        async with _as(lab, "volunteer", "alice") as r:
+            with pytest.raises(PermissionError, match="sent a heartbeat for another worker"):
+                await r.heartbeat_worker(address=bob, now=time.time(), metrics={})
+        await lab.wait_for(lambda: "alice" not in lab.connected())
+        bans = lab.admission.bans
+        assert [b["name"] for b in bans] == ["alice"] and f"(bob at {bob})" in bans[0]["reason"]
+        assert "bob" in lab.connected()
+
+    run_lab(tmp_path, body)
+
+
+def test_nobody_sets_worker_resources_not_even_the_admin(tmp_path):
+    async def body(lab):
+        alice = lab.address_of("alice")
+        async with lab.client("admin", "root") as admin:
+            with pytest.raises(PermissionError, match="set by role at admission"):
+                await admin.scheduler.set_resources(resources={LAB_RESOURCE: 1}, worker=alice)
+        assert lab.scheduler.workers[alice].resources == {VOLUNTEER_RESOURCE: 1.0}
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
+def test_the_admin_revokes_and_bans_by_handler_and_the_report_says_why(tmp_path):
+    async def body(lab):
+        alice, bob = lab.address_of("alice"), lab.address_of("bob")
+        async with lab.client("admin", "root") as admin:
+            assert list((await getattr(admin.scheduler, rpc.REVOKE)(name="alice"))["closed"]) == [alice]
+            banned = await getattr(admin.scheduler, rpc.BAN)(name="bob", reason="answered a fetch with garbage")
+            assert list(banned["closed"]) == [bob]
+            await lab.wait_for(lambda: lab.connected() == {"lab-worker"})
+            report = await getattr(admin.scheduler, rpc.REPORT)()
+        assert [(b["name"], b["reason"]) for b in report["bans"]] == [("bob", "answered a fetch with garbage")]
+        assert "alice" not in lab.admission.banned  # revoked, not banned: it may be enrolled under another name
+        assert LabKeys(lab.state_dir).revoked() == {"alice", "bob"}
+        async with _as(lab, "lab", "lab-worker") as r:  # the lab's own processes ban too, with a default reason
+            assert list((await getattr(r, rpc.BAN)(name="carol"))["closed"]) == []
+        assert lab.admission.bans[-1] == {"name": "carol", "reason": "banned by lab lab-worker",
+                                          "time": lab.admission.bans[-1]["time"]}
+
+    run_lab(tmp_path, body)
