@@ -11,7 +11,7 @@ from typing import Any
 from goblin_dask import settings  # noqa: F401  (the goblin.* defaults into dask's config)
 
 __version__ = "0.1.0"
-__all__ = ["LabNode", "connect", "__version__"]
+__all__ = ["Graph", "LabNode", "capture", "connect", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from goblin_dask.node import local
 
         return getattr(local, name)
+    if name in ("capture", "Graph"):  # PyTorch models as catalog graphs; torch loads only when capture runs
+        import importlib
+
+        return getattr(importlib.import_module("goblin_dask.capture"), name)
     raise AttributeError(f"module 'goblin_dask' has no attribute {name!r}")

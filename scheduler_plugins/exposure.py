@@ -174,7 +174,7 @@ def _transform(opname: str, params: dict, pieces: tuple, single: bool) -> tuple:
         return tuple((aid, box, tuple(a for d, a in enumerate(amap) if d not in drop) if amap is not None else None)
                      for aid, box, amap in pieces)
     if _elementwise(opname) or (single and opname not in ("reshape", "broadcast_to", "concatenate", "stack",
-                                                          "expand_dims")):
+                                                          "expand_dims", "take", "pad")):
         return pieces  # element by element (operands broadcast from the right): the same places
     return tuple((aid, box, None) for aid, box, _ in pieces)
 

@@ -80,10 +80,10 @@ def test_bad_input_fails_before_dispatch():
         ga.from_array(np.ones((4, 3)), chunks=0)
     with pytest.raises(IndexError):
         x[4]
-    with pytest.raises(TypeError, match="arrays or lists"):
-        x[[0, 1]]
+    with pytest.raises(TypeError, match="computed"):
+        x[x > 0]
     with pytest.raises(TypeError, match="not supported on ga.Array"):
-        np.cumsum(x)
+        np.sort(x)
     with pytest.raises(ValueError, match="formula"):
         ga.formula("__import__('os')", a=x)
 

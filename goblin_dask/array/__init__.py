@@ -14,11 +14,16 @@ from goblin_dask.array.core import (
 )
 from goblin_dask.array.creation import arange, eye, full, full_like, ones, ones_like, random, zeros, zeros_like
 from goblin_dask.array.layout import (
-    broadcast_to, concatenate, expand_dims, getitem, moveaxis, ravel, rechunk, reshape, squeeze, stack, swapaxes,
-    transpose,
+    broadcast_to, concatenate, expand_dims, getitem, moveaxis, pad, ravel, rechunk, reshape, squeeze, stack, swapaxes,
+    take, transpose,
 )
 from goblin_dask.array.linalg import dot, einsum, matmul, tensordot
+from goblin_dask.array.nn import (
+    adaptive_avg_pool2d, avg_pool2d, batch_norm, conv2d, layer_norm, log_softmax, logsumexp, max_pool2d,
+    scaled_dot_product_attention, softmax,
+)
 from goblin_dask.array.placement import placement_for
+from goblin_dask.array.scan import cumprod, cumsum, nancumprod, nancumsum
 from goblin_dask.array.reductions import (
     all, allclose, any, argmax, argmin, array_equal, max, mean, min, nanargmax, nanargmin, nanmax, nanmean, nanmin,
     nanprod, nanstd, nansum, nanvar, prod, std, sum, var,
@@ -34,4 +39,8 @@ __all__ = [
     "prod", "random", "ravel", "rechunk", "reshape", "round", "squeeze", "stack", "std", "sum", "swapaxes",
     "tensordot", "transpose", "var", "zeros", "zeros_like",
 ]
+__all__ += ["cumprod", "cumsum", "nancumprod", "nancumsum", "pad", "take"]
 __all__ += _ufuncs.__all__
+from goblin_dask.array import nn as _nn  # noqa: E402
+
+__all__ += _nn.__all__

@@ -255,6 +255,20 @@ class Array(Operators, DaskMethodsMixin):
     def aval(self) -> Aval:
         return Aval(self.shape, self.dtype)
 
+    @property
+    def real(self) -> "Array":
+        """The real part (the array itself unless complex): with ``imag``, what makes ga a NEP 18 duck array to xarray."""
+        return self if self.dtype.kind != "c" else self._catalog("real", self)
+
+    @property
+    def imag(self) -> "Array":
+        """The imaginary part (zeros unless complex)."""
+        if self.dtype.kind == "c":
+            return self._catalog("imag", self)
+        from goblin_dask.array.creation import zeros
+
+        return zeros(self.shape, dtype=self.dtype, chunks=self.chunks)
+
     def __len__(self) -> int:
         if not self.ndim:
             raise TypeError("len() of a 0-d ga.Array")

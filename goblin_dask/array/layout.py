@@ -75,9 +75,16 @@ def _slice_pieces(chunks: tuple[int, ...], s: slice) -> list[tuple[int, slice, i
     return pieces
 
 
+def _is_array_index(i: Any) -> bool:
+    return isinstance(i, (Array, np.ndarray, list)) or (hasattr(i, "dtype") and not isinstance(i, np.generic))
+
+
 @implements(op="getitem")
 def getitem(x: Array, index: Any) -> Array:
-    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    """Basic indexing (ints, slices of any step, None, Ellipsis) and one integer array or boolean mask (``take``)."""
+    entries = index if isinstance(index, tuple) else (index,)
+    if any(_is_array_index(i) for i in entries):
+        return _array_getitem(x, entries)
     index = _normalize_index(index, x.shape)
     out_axes: list[list[tuple]] = []  # per output axis: (input block, local slice, size) in output order
     entries: list[tuple] = []  # per index entry: ("new",) | ("slice", axis, output axis) | ("int", axis, block, offset)
@@ -120,6 +127,194 @@ def getitem(x: Array, index: Any) -> Array:
         else:
             layer[key] = catalog_task(key, "getitem", x.ref(in_idx), avals=[block], index=tuple(local))
     return from_graph(name, layer, chunks, x.dtype, dependencies=[x])
+
+
+class MultipleIndexArrays(NotImplementedError, TypeError):
+    """More than one index array (NumPy's pointwise indexing): as dask.array, refused; xarray then indexes axis by axis."""
+
+
+def _array_getitem(x: Array, entries: tuple) -> Array:
+    """``x[..., idx, ...]`` with one concrete integer array (or boolean mask) among basic entries: getitem, then take."""
+    arrays = [k for k, i in enumerate(entries) if _is_array_index(i)]
+    if len(arrays) > 1:
+        raise MultipleIndexArrays(f"getitem: one index array at a time on a ga.Array of shape {x.shape} (got {len(arrays)}); "
+                        "index one axis after the other")
+    k = arrays[0]
+    if isinstance(entries[k], Array):
+        raise TypeError(f"getitem: indexing with arrays whose values are computed (ga.Array) is not supported on a "
+                        f"ga.Array of shape {x.shape}: the result's shape would depend on data; compute the index first")
+    ind = np.asarray(entries[k])
+    if ind.dtype == bool and ind.ndim > 1:
+        if len(entries) != 1 or ind.shape != x.shape[:ind.ndim]:
+            raise TypeError(f"getitem: a {ind.ndim}-d boolean mask must be the whole index and match the leading axes "
+                            f"of shape {x.shape}, got shape {ind.shape}")
+        flat = reshape(x, (-1,) + x.shape[ind.ndim:]) if ind.ndim > 1 else x
+        return take(flat, np.flatnonzero(ind), axis=0)
+    marker = slice(None)
+    basic = _normalize_index(entries[:k] + (marker,) + entries[k + 1:], x.shape)
+    p = next(j for j, e in enumerate(basic) if e is marker)
+    in_axis = sum(1 for e in basic[:p] if e is not None)
+    out_axis = sum(1 for e in basic[:p] if e is None or isinstance(e, slice))
+    advanced = [j for j, e in enumerate(basic) if e is marker or isinstance(e, numbers.Integral)]
+    apart = advanced != list(range(advanced[0], advanced[-1] + 1))  # NumPy then puts the indexed axis first
+    n = x.shape[in_axis]
+    if ind.dtype == bool:
+        if ind.shape != (n,):
+            raise IndexError(f"getitem: boolean index of shape {ind.shape} does not match axis {in_axis} with size {n} "
+                             f"(shape {x.shape})")
+        ind = np.flatnonzero(ind)
+    elif ind.size == 0:
+        ind = ind.astype(np.intp)
+    elif ind.dtype.kind not in "iu":
+        raise IndexError(f"getitem: index arrays must hold integers or booleans, got dtype {ind.dtype}")
+    bad = ind[(ind < -n) | (ind >= n)]
+    if bad.size:
+        raise IndexError(f"getitem: index {int(bad.reshape(-1)[0])} is out of bounds for axis {in_axis} with size {n} "
+                         f"(shape {x.shape})")
+    y = getitem(x, basic) if any(not (isinstance(e, slice) and e == slice(None)) for e in basic) else x
+    out = take(y, ind, axis=out_axis)
+    return moveaxis(out, out_axis, 0) if apart and out_axis else out
+
+
+@implements(np.take, op="take")
+def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise") -> Array:
+    """Entries at integer ``indices`` (a concrete array, negatives from the end) along ``axis`` (None: flattened).
+
+    Output blocks along ``axis`` hold at most one input block's length of indices; each
+    gathers from the input blocks it touches (one ``take`` each), joined in index order.
+    """
+    refuse("take", out=out is not None, mode=mode != "raise")
+    x = asarray(a)
+    if isinstance(indices, Array):
+        raise TypeError("take: indices must be concrete (a NumPy array or list), not a computed ga.Array")
+    ind = np.asarray(indices)
+    if ind.size == 0 and ind.dtype.kind not in "iu":
+        ind = ind.astype(np.intp)
+    if ind.dtype.kind not in "iu":
+        raise TypeError(f"take: indices must be integers, got dtype {ind.dtype}")
+    if axis is None:
+        x, axis = ravel(x), 0
+    ax = normalize_axes("take", axis, x.shape)[0]
+    n = x.shape[ax]
+    bad = ind[(ind < -n) | (ind >= n)]
+    if bad.size:
+        raise IndexError(f"take: index {int(bad.reshape(-1)[0])} is out of bounds for axis {ax} with size {n} "
+                         f"(shape {x.shape})")
+    if ind.ndim == 0:
+        return getitem(x, (slice(None),) * ax + (int(ind),))
+    if ind.ndim > 1:
+        flat = take(x, ind.reshape(-1), axis=ax)
+        return reshape(flat, x.shape[:ax] + ind.shape + x.shape[ax + 1:])
+    ind = (ind % n if n else ind).astype(np.intp)
+    step = max(max(x.chunks[ax]), 1)
+    out_axis = tuple(min(step, len(ind) - s) for s in range(0, len(ind), step)) or (0,)
+    offs = np.asarray(offsets_of(x.chunks[ax]))
+    name = new_name("take", x.name, ind, ax)
+    layer = {}
+    starts = offsets_of(out_axis)
+    other = [range(len(c)) if d != ax else range(1) for d, c in enumerate(x.chunks)]
+    for j in range(len(out_axis)):
+        sel = ind[starts[j]:starts[j + 1]]
+        blocks = np.searchsorted(offs, sel, side="right") - 1
+        touched = sorted(set(blocks.tolist())) or [0]
+        order = np.concatenate([np.flatnonzero(blocks == b) for b in touched]) if len(sel) else np.zeros(0, np.intp)
+        for rest in itertools.product(*other):
+            out_idx = rest[:ax] + (j,) + rest[ax + 1:]
+            key = block_key(name, out_idx)
+            pieces, avals = [], []
+            for b in touched:
+                in_idx = rest[:ax] + (b,) + rest[ax + 1:]
+                local = (sel[blocks == b] - offs[b]).astype(np.intp)
+                pkey = key if len(touched) == 1 else part_key(name, "piece", *out_idx, b)
+                block = x.block_aval(in_idx)
+                layer[pkey] = catalog_task(pkey, "take", x.ref(in_idx), avals=[block], indices=tuple(local.tolist()),
+                                           axis=ax)
+                pieces.append(_ref(pkey))
+                avals.append(block._replace(shape=block.shape[:ax] + (len(local),) + block.shape[ax + 1:]))
+            if len(touched) == 1:
+                continue
+            in_order = bool((order == np.arange(len(order))).all())
+            ckey = key if in_order else part_key(name, "cat", *out_idx)
+            layer[ckey] = catalog_task(ckey, "concatenate", *pieces, avals=avals, axis=ax)
+            if not in_order:
+                perm = np.argsort(order).astype(np.intp)
+                cat = avals[0]._replace(shape=avals[0].shape[:ax] + (len(sel),) + avals[0].shape[ax + 1:])
+                layer[key] = catalog_task(key, "take", _ref(ckey), avals=[cat], indices=tuple(perm.tolist()), axis=ax)
+    chunks = tuple(out_axis if d == ax else c for d, c in enumerate(x.chunks))
+    return from_graph(name, layer, chunks, x.dtype, dependencies=[x])
+
+
+# -- pad ----------------------------------------------------------------------------------------------
+
+@implements(np.pad, op="pad")
+def pad(array: Any, pad_width: Any, mode: str = "constant", *, constant_values: Any = 0,
+        reflect_type: str = "even") -> Array:
+    """``array`` padded as by numpy.pad (modes constant, edge, reflect, symmetric, wrap).
+
+    constant and edge pad the first and last blocks of each axis (one ``pad`` task each, the
+    other blocks reused); reflect, symmetric and wrap join slices of the array along each axis.
+    """
+    from goblin_dask.ops.layout import PAD_MODES, _pad_widths
+
+    x = asarray(array)
+    if not isinstance(mode, str) or mode not in PAD_MODES:
+        raise ValueError(f"pad: mode {mode!r} is not supported (one of {PAD_MODES})")
+    refuse("pad", reflect_type=reflect_type != "even")
+    value = constant_values
+    if np.ndim(value):
+        v = np.unique(np.asarray(value))
+        if v.size != 1:
+            raise TypeError(f"pad: constant_values must be one number for every side, got {value!r}")
+        value = v[0]
+    value = value.item() if isinstance(value, np.generic) else value
+    widths = _pad_widths("pad", x.aval, pad_width)
+    get("pad").abstract_eval(x.aval, pad_width=widths, mode=mode, constant_values=value)
+    if not any(b or a for b, a in widths):
+        return x
+    if mode in ("constant", "edge"):
+        return _pad_edges(x, widths, mode, value)
+    for d, (b, a) in enumerate(widths):
+        if b or a:
+            x = _pad_axis_slices(x, d, b, a, mode)
+    return x
+
+
+def _pad_edges(x: Array, widths: tuple, mode: str, value: Any) -> Array:
+    params = {"mode": mode, **({"constant_values": value} if mode == "constant" else {})}
+    name = new_name("pad", x.name, widths, params)
+    last = [n - 1 for n in x.numblocks]
+    layer = {}
+    for idx in x.block_indices():
+        w = tuple((b if i == 0 else 0, a if i == l else 0) for (b, a), i, l in zip(widths, idx, last))
+        key = block_key(name, idx)
+        if any(p or q for p, q in w):
+            layer[key] = catalog_task(key, "pad", x.ref(idx), avals=[x.block_aval(idx)], pad_width=w, **params)
+        else:
+            layer[key] = Alias(key, x.key(idx))
+    chunks = tuple(tuple(c + (b if i == 0 else 0) + (a if i == len(cs) - 1 else 0) for i, c in enumerate(cs))
+                   for cs, (b, a) in zip(x.chunks, widths))
+    return from_graph(name, layer, chunks, x.dtype, dependencies=[x])
+
+
+def _pad_axis_slices(x: Array, d: int, before: int, after: int, mode: str) -> Array:
+    n = x.shape[d]
+    most = {"reflect": n - 1, "symmetric": n, "wrap": n}[mode]
+    if max(before, after) > most:
+        raise ValueError(f"pad: widths ({before}, {after}) along axis {d} exceed what mode {mode!r} can take from an "
+                         f"axis of size {n} (at most {most})")
+
+    def along(s: slice) -> Array:
+        return getitem(x, (slice(None),) * d + (s,))
+
+    if mode == "reflect":
+        left, right = along(slice(before, 0, -1)), along(slice(n - 2, n - 2 - after, -1) if n - 2 - after >= 0 else slice(n - 2, None, -1))
+    elif mode == "symmetric":
+        left = along(slice(before - 1, None, -1)) if before else None
+        right = along(slice(n - 1, n - 1 - after, -1) if n - 1 - after >= 0 else slice(n - 1, None, -1))
+    else:
+        left, right = along(slice(n - before, n)), along(slice(0, after))
+    parts = [p for p, w in ((left, before), (x, 1), (right, after)) if w and p is not None]
+    return concatenate(parts, axis=d)
 
 
 # -- transpose, reshape, squeeze, expand_dims -----------------------------------------------------
@@ -417,5 +612,5 @@ def stack(arrays: Sequence[Any], axis: int = 0, out: Any = None, *, dtype: Any =
     return concatenate([expand_dims(a, axis) for a in arrays], axis=axis, dtype=dtype, casting=casting)
 
 
-__all__ = ["broadcast_to", "concatenate", "expand_dims", "getitem", "moveaxis", "ravel", "rechunk", "reshape",
-           "squeeze", "stack", "swapaxes", "transpose"]
+__all__ = ["broadcast_to", "concatenate", "expand_dims", "getitem", "moveaxis", "pad", "ravel", "rechunk", "reshape",
+           "squeeze", "stack", "swapaxes", "take", "transpose"]

@@ -91,7 +91,7 @@ class Source:
 #: Catalog ops whose output carries its inputs' elements (moved, or transformed one by one);
 #: products and reductions make new numbers (aggregates) and are not counted as the lab array.
 _LAYOUT_OPS = frozenset({"getitem", "transpose", "reshape", "squeeze", "expand_dims", "broadcast_to", "concatenate",
-                         "stack", "astype", "rechunk", "formula", "where", "clip"})
+                         "stack", "astype", "rechunk", "formula", "where", "clip", "take", "pad", "cumsum", "cumprod"})
 
 
 def carries_lab_data(opname: str) -> bool:

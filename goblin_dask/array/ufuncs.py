@@ -182,6 +182,46 @@ def erf(x, /) -> Array:
     return elementwise("erf", x)
 
 
+def gelu(x, /) -> Array:
+    """Gaussian error linear unit x * (1 + erf(x / sqrt(2))) / 2 (exact; torch's default)."""
+    return elementwise("gelu", x)
+
+
+def gelu_tanh(x, /) -> Array:
+    """GELU's tanh approximation x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3))) / 2."""
+    return elementwise("gelu_tanh", x)
+
+
+def silu(x, /) -> Array:
+    """Sigmoid linear unit (swish) x * sigmoid(x)."""
+    return elementwise("silu", x)
+
+
+def softplus(x, /) -> Array:
+    """log(1 + exp(x)), overflow-free: log1p(exp(-|x|)) + max(x, 0)."""
+    return elementwise("softplus", x)
+
+
+def log_sigmoid(x, /) -> Array:
+    """log(sigmoid(x)), overflow-free: min(x, 0) - log1p(exp(-|x|))."""
+    return elementwise("log_sigmoid", x)
+
+
+def mish(x, /) -> Array:
+    """Mish activation x * tanh(softplus(x))."""
+    return elementwise("mish", x)
+
+
+def leaky_relu(x, negative_slope=0.01, /) -> Array:
+    """x where x > 0, else slope * x (slope: a number, or an array as in PReLU)."""
+    return elementwise("leaky_relu", x, negative_slope)
+
+
+def elu(x, alpha=1.0, /) -> Array:
+    """Exponential linear unit: x where x > 0, else alpha * (exp(x) - 1)."""
+    return elementwise("elu", x, alpha)
+
+
 def add(x1, x2, /) -> Array:
     """Sum x + y."""
     return elementwise("add", x1, x2)
@@ -235,6 +275,11 @@ def arctan2(x1, x2, /) -> Array:
 def hypot(x1, x2, /) -> Array:
     """sqrt(x**2 + y**2) without overflow."""
     return elementwise("hypot", x1, x2)
+
+
+def logaddexp(x1, x2, /) -> Array:
+    """log(exp(x) + exp(y)) without overflow."""
+    return elementwise("logaddexp", x1, x2)
 
 
 def equal(x1, x2, /) -> Array:
@@ -319,9 +364,10 @@ pow = power
 __all__ = [
     "negative", "positive", "absolute", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "square",
     "reciprocal", "sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "floor", "ceil",
-    "rint", "trunc", "sign", "logical_not", "invert", "isnan", "isinf", "isfinite", "sigmoid", "relu", "erf", "add",
+    "rint", "trunc", "sign", "logical_not", "invert", "isnan", "isinf", "isfinite", "sigmoid", "relu", "erf", "gelu",
+    "gelu_tanh", "silu", "softplus", "log_sigmoid", "mish", "leaky_relu", "elu", "add",
     "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum", "arctan2",
-    "hypot", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or",
+    "hypot", "logaddexp", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or",
     "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "where", "clip", "abs",
     "bitwise_not", "true_divide", "mod", "pow",
 ]

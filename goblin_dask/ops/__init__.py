@@ -38,8 +38,10 @@ from goblin_dask.ops import (  # noqa: E402,F401  isort: skip
     formula,
     layout,
     linalg,
+    nn,
     random,
     reductions,
+    scan,
 )
 from goblin_dask.ops.kernels import warm_up  # noqa: E402
 

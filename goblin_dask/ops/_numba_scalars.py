@@ -97,3 +97,59 @@ def sigmoid(x):
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
     return e / (1.0 + e)
+
+
+# -- activations (the NumPy kernels are in elementwise.py) ---------------------------------
+
+
+@_jit
+def gelu(x):
+    return x * 0.5 * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+@_jit
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+
+
+@_jit
+def softplus(x):
+    return math.log1p(math.exp(-abs(x))) + maximum(x, 0.0)
+
+
+@_jit
+def log_sigmoid(x):
+    return minimum(x, 0.0) - math.log1p(math.exp(-abs(x)))
+
+
+@_jit
+def silu(x):
+    return x * sigmoid(x)
+
+
+@_jit
+def mish(x):
+    return x * math.tanh(softplus(x))
+
+
+@_jit
+def leaky_relu(x, slope):
+    return x if x > 0 else x * slope
+
+
+@_jit
+def elu(x, alpha):
+    return x if x > 0 else alpha * math.expm1(x)
+
+
+@_jit
+def logaddexp(x, y):
+    # NumPy's npy_logaddexp: equal arguments (both infinite too) add log(2)
+    if x == y:
+        return x + 0.6931471805599453
+    d = x - y
+    if d > 0:
+        return x + math.log1p(math.exp(-d))
+    if d <= 0:
+        return y + math.log1p(math.exp(d))
+    return d

@@ -484,6 +484,23 @@ template <typename T> __device__ T goblin_sigmoid(T x) {
   T e = exp(x);
   return e / ((T)1 + e);
 }
+template <typename T> __device__ T goblin_silu(T x) { return x * goblin_sigmoid(x); }
+template <typename T> __device__ T goblin_gelu(T x) { return x * (T)0.5 * ((T)1 + erf(x * (T)0.70710678118654752440)); }
+template <typename T> __device__ T goblin_gelu_tanh(T x) {
+  return (T)0.5 * x * ((T)1 + tanh((T)0.79788456080286535588 * (x + (T)0.044715 * (x * x * x))));
+}
+template <typename T> __device__ T goblin_softplus(T x) { return log1p(exp(-fabs(x))) + goblin_maximum(x, (T)0); }
+template <typename T> __device__ T goblin_log_sigmoid(T x) { return goblin_minimum(x, (T)0) - log1p(exp(-fabs(x))); }
+template <typename T> __device__ T goblin_mish(T x) { return x * tanh(goblin_softplus(x)); }
+template <typename T> __device__ T goblin_leaky_relu(T x, T slope) { return x > 0 ? x : x * slope; }
+template <typename T> __device__ T goblin_elu(T x, T alpha) { return x > 0 ? x : alpha * expm1(x); }
+template <typename T> __device__ T goblin_logaddexp(T x, T y) {
+  if (x == y) return x + (T)0.69314718055994530942;
+  T d = x - y;
+  if (d > 0) return x + log1p(exp(-d));
+  if (d <= 0) return y + log1p(exp(d));
+  return d;
+}
 template <typename T> __device__ T goblin_floor_divide_int(T a, T b) {
   if (b == 0) return (T)0;
   if (b < 0 && b == (T)-1) return (T)(0ULL - (unsigned long long)a);

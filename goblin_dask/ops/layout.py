@@ -289,3 +289,108 @@ stack = _layout_op(
     _stack_vjp, dtype_rule=_joined_dtype, arity=None, params=("axis",),
     examples=lambda n, rng, dt: [(tuple(matrices(n, rng, dt)), {"axis": 1})],
 )  # fmt: skip
+
+
+# -- take (integer-array indexing) --------------------------------------------------------------
+
+
+def _take_axis(opname: str, x: Aval, axis: Any) -> int:
+    return normalize_axes(opname, axis, x.shape)[0]
+
+
+def _take_indices(x: Aval, indices: Any, axis: Any) -> tuple[int, np.ndarray]:
+    """(axis, indices as an intp array); LayoutIndexError naming the op and axis for an index out of range."""
+    ax = _take_axis("take", x, axis)
+    idx = np.asarray(indices)
+    if idx.size == 0:
+        idx = idx.astype(np.intp)
+    if idx.dtype.kind not in "iu":
+        raise ValueError(f"take: indices must be integers, got {indices!r}")
+    n = x.shape[ax]
+    bad = idx[(idx < -n) | (idx >= n)]
+    if bad.size:
+        raise LayoutIndexError(f"take: index {int(bad.reshape(-1)[0])} is out of bounds for axis {ax} with size {n} "
+                               f"(shape {x.shape})")
+    return ax, idx.astype(np.intp)
+
+
+def _take_shape(x: Aval, *, indices: Any, axis: int) -> tuple[int, ...]:
+    ax, idx = _take_indices(x, indices, axis)
+    return x.shape[:ax] + idx.shape + x.shape[ax + 1 :]
+
+
+def _take(x: Any, *, indices: Any, axis: int) -> Any:
+    ax, idx = _take_indices(Aval.of(x), indices, axis)
+    return np.take(x, idx, axis=ax)
+
+
+def _take_vjp(g: Any, x: Any, *, indices: Any, axis: int) -> tuple:
+    ax, idx = _take_indices(Aval.of(x), indices, axis)
+    out = np.zeros(np.shape(x), dtype=np.result_type(g))
+    moved = np.moveaxis(out, ax, 0)
+    gm = np.moveaxis(np.asarray(g), tuple(range(ax, ax + idx.ndim)), tuple(range(idx.ndim)))
+    np.add.at(moved, idx.reshape(-1), gm.reshape((-1,) + moved.shape[1:]))
+    return (out,)
+
+
+take = _layout_op(
+    "take", "Integer-array indexing: x's entries at integer indices along one axis (np.take).",
+    _take_shape, _take, _take_vjp, params=("indices", "axis"),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"indices": (n - 1, 0, -1, 1 % n, 0), "axis": 1}),
+                                 ((matrices(n, rng, dt, 1)[0],), {"indices": (), "axis": 0})],
+)  # fmt: skip
+
+
+# -- pad --------------------------------------------------------------------------------------------
+
+PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
+
+
+def _pad_widths(opname: str, x: Aval, pad_width: Any) -> tuple[tuple[int, int], ...]:
+    """NumPy's pad_width (an int, a pair, or a pair per axis) as one (before, after) pair per axis."""
+    try:
+        w = np.asarray(pad_width)
+        if w.dtype.kind not in "iu" and not (w.size == 0 and len(x.shape) == 0):
+            raise ValueError
+        w = np.broadcast_to(w.astype(np.int64), (len(x.shape), 2))
+    except (ValueError, TypeError):
+        raise ValueError(f"{opname}: pad_width {pad_width!r} is not an int, a pair, or a pair per axis of shape {x.shape}") from None
+    if (w < 0).any():
+        raise ValueError(f"{opname}: pad_width {pad_width!r} has negative widths")
+    return tuple((int(b), int(a)) for b, a in w)
+
+
+def _pad_shape(x: Aval, *, pad_width: Any, mode: str = "constant", constant_values: Any = 0) -> tuple[int, ...]:
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode {mode!r} is not one of {PAD_MODES}")
+    widths = _pad_widths("pad", x, pad_width)
+    for d, ((b, a), n) in enumerate(zip(widths, x.shape)):
+        if mode != "constant" and n == 0 and (b or a):
+            raise ValueError(f"pad: cannot pad the empty axis {d} of shape {x.shape} in mode {mode!r}")
+    if not isinstance(constant_values, (int, float, bool, np.number, np.bool_)):
+        raise ValueError(f"pad: constant_values must be one number, got {constant_values!r}")
+    return tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
+
+
+def _pad(x: Any, *, pad_width: Any, mode: str = "constant", constant_values: Any = 0) -> Any:
+    widths = _pad_widths("pad", Aval.of(x), pad_width)
+    _pad_shape(Aval.of(x), pad_width=widths, mode=mode, constant_values=constant_values)
+    extra = {"constant_values": constant_values} if mode == "constant" else {}
+    return np.pad(x, widths, mode=mode, **extra)
+
+
+def _pad_vjp(g: Any, x: Any, *, pad_width: Any, mode: str = "constant", constant_values: Any = 0) -> tuple:
+    if mode != "constant":
+        raise NotImplementedError(f"pad: no gradient for mode {mode!r}")
+    widths = _pad_widths("pad", Aval.of(x), pad_width)
+    return (np.asarray(g)[tuple(slice(b, b + n) for (b, _), n in zip(widths, np.shape(x)))],)
+
+
+pad = _layout_op(
+    "pad", "x padded along each axis (np.pad: constant, edge, reflect, symmetric or wrap).",
+    _pad_shape, _pad, _pad_vjp, params=("pad_width", "mode", "constant_values"),
+    text_params={"mode": "|".join(PAD_MODES)},
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0],), {"pad_width": ((1, 2), (0, 3)), "mode": m,
+                                                                  **({"constant_values": 2} if m == "constant" else {})})
+                                 for m in PAD_MODES],
+)  # fmt: skip

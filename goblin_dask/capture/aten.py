@@ -1,0 +1,532 @@
+"""The table: one row per core-ATen operator, a small function emitting ``ga`` calls.
+
+A row is ``Row(fn, needs)``: ``fn(ga, *args, **kwargs)`` gets the ``goblin_dask.array``
+module and the operator's arguments (tensors as ga Arrays, Python scalars, lists) and
+returns a ga Array (or a tuple, for operators with several results); ``needs`` names the
+``ga`` functions it calls.  ``fn`` looks each of them up on ``ga`` when called
+(``getattr``), so a ga function added later (``ga.softmax``, ``ga.conv2d``, ``ga.take``)
+makes its rows work without touching this file; until it is there, :func:`missing` says
+which names a row still lacks and capture refuses the operator with its place in the model.
+
+No torch here: a saved graph is interpreted with numpy, dask and this table alone.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Row:
+    fn: Callable[..., Any]
+    needs: tuple[str, ...]
+    #: argument positions where a model constant (a buffer, a lifted tensor) comes as its NumPy
+    #: array rather than a ga array (``take``'s indices must be concrete); "all": every argument
+    #: stays as it is (an identity row passes a constant on unread)
+    concrete: tuple[int, ...] | str = ()
+
+
+TABLE: dict[str, Row] = {}
+
+
+def row(*targets: str, needs: tuple[str, ...] | str = (), concrete: tuple[int, ...] | str = ()) -> Callable:
+    needs = (needs,) if isinstance(needs, str) else tuple(needs)
+
+    def deco(fn: Callable) -> Callable:
+        for t in targets:
+            TABLE[t] = Row(fn, needs, concrete)
+        return fn
+
+    return deco
+
+
+def missing(target: str, ga: Any) -> tuple[str, ...] | None:
+    """None: no row for ``target``; else the ``ga`` names its row needs that ga lacks (empty: supported)."""
+    r = TABLE.get(target)
+    if r is None:
+        return None
+    return tuple(n for n in r.needs if not hasattr(ga, n))
+
+
+def _axes(dims: Any, ndim: int) -> tuple[int, ...] | None:
+    if dims is None:
+        return None
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:  # aten: an empty dim list reduces over every axis
+        return None
+    return tuple(d % ndim if ndim else 0 for d in dims)
+
+
+def _ndim(x: Any) -> int:
+    return getattr(x, "ndim", 0)
+
+
+# -- elementwise, one argument ------------------------------------------------------------------
+
+_UNARY = {
+    "abs": "absolute", "neg": "negative", "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p",
+    "log2": "log2", "log10": "log10", "sqrt": "sqrt", "reciprocal": "reciprocal", "sin": "sin", "cos": "cos",
+    "tan": "tan", "asin": "arcsin", "acos": "arccos", "atan": "arctan", "sinh": "sinh", "cosh": "cosh",
+    "tanh": "tanh", "floor": "floor", "ceil": "ceil", "round": "rint", "trunc": "trunc", "sign": "sign",
+    "logical_not": "logical_not", "bitwise_not": "invert", "isnan": "isnan", "isinf": "isinf",
+    "sigmoid": "sigmoid", "relu": "relu", "erf": "erf",
+    # activations the catalog is gaining (ga.<name> once it is there)
+    "silu": "silu", "mish": "mish", "hardswish": "hardswish", "hardsigmoid": "hardsigmoid",
+}
+
+
+def _unary(name: str) -> Callable:
+    return lambda ga, x: getattr(ga, name)(x)
+
+
+for _aten, _ga in _UNARY.items():
+    row(f"aten.{_aten}.default", needs=_ga)(_unary(_ga))
+row("aten.isfinite.default", needs="isfinite")(_unary("isfinite"))
+
+
+@row("aten.rsqrt.default", needs=("sqrt", "reciprocal"))
+def _rsqrt(ga, x):
+    return ga.reciprocal(ga.sqrt(x))
+
+
+@row("aten.square.default", needs="square")
+def _square(ga, x):
+    return ga.square(x)
+
+
+# -- elementwise, two arguments (Tensor and Scalar variants) ------------------------------------
+
+_BINARY = {
+    "mul": "multiply", "maximum": "maximum", "minimum": "minimum", "atan2": "arctan2", "eq": "equal",
+    "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
+    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
+    "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
+    "remainder": "remainder", "hypot": "hypot", "fmod": "fmod",
+}
+
+
+def _binary(name: str) -> Callable:
+    return lambda ga, x, y: getattr(ga, name)(x, y)
+
+
+for _aten, _ga in _BINARY.items():
+    row(f"aten.{_aten}.Tensor", f"aten.{_aten}.Scalar", f"aten.{_aten}.default",
+        needs=_ga)(_binary(_ga))
+
+
+@row("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar", needs="power")
+def _pow(ga, x, y):
+    if isinstance(y, (int, float)) and y == 2:
+        return ga.multiply(x, x)
+    return ga.power(x, y)
+
+
+@row("aten.add.Tensor", "aten.add.Scalar", needs=("add", "multiply"))
+def _add(ga, x, y, alpha=1):
+    return ga.add(x, y if alpha == 1 else ga.multiply(y, alpha) if not isinstance(y, (int, float)) else y * alpha)
+
+
+@row("aten.sub.Tensor", "aten.sub.Scalar", needs=("subtract", "multiply"))
+def _sub(ga, x, y, alpha=1):
+    return ga.subtract(x, y if alpha == 1 else ga.multiply(y, alpha) if not isinstance(y, (int, float)) else y * alpha)
+
+
+@row("aten.rsub.Scalar", "aten.rsub.Tensor", needs=("subtract", "multiply"))
+def _rsub(ga, x, y, alpha=1):
+    return ga.subtract(y, x if alpha == 1 else ga.multiply(x, alpha))
+
+
+@row("aten.div.Tensor", "aten.div.Scalar", needs="divide")
+def _div(ga, x, y):
+    return ga.divide(x, y)
+
+
+@row("aten.div.Tensor_mode", "aten.div.Scalar_mode", needs=("divide", "floor_divide", "trunc"))
+def _div_mode(ga, x, y, rounding_mode=None):
+    if rounding_mode is None:
+        return ga.divide(x, y)
+    if rounding_mode == "floor":
+        return ga.floor_divide(x, y)
+    return ga.trunc(ga.divide(x, y))
+
+
+@row("aten.where.self", needs="where")
+def _where(ga, c, x, y):
+    return ga.where(c, x, y)
+
+
+@row("aten.clamp.default", "aten.clamp.Tensor", needs="clip")
+def _clamp(ga, x, min=None, max=None):
+    return ga.clip(x, min, max)
+
+
+@row("aten.clamp_min.default", needs="maximum")
+def _clamp_min(ga, x, lo):
+    return ga.maximum(x, lo)
+
+
+@row("aten.clamp_max.default", needs="minimum")
+def _clamp_max(ga, x, hi):
+    return ga.minimum(x, hi)
+
+
+# -- activations the catalog is gaining ----------------------------------------------------------
+
+@row("aten.gelu.default", needs=("gelu", "gelu_tanh"))
+def _gelu(ga, x, approximate="none"):
+    return ga.gelu_tanh(x) if approximate == "tanh" else ga.gelu(x)
+
+
+@row("aten.leaky_relu.default", needs="leaky_relu")
+def _leaky_relu(ga, x, negative_slope=0.01):
+    return ga.leaky_relu(x, negative_slope)
+
+
+@row("aten.elu.default", needs=("elu", "multiply"))
+def _elu(ga, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if input_scale != 1:
+        x = ga.multiply(x, input_scale)
+    y = ga.elu(x, alpha)
+    return y if scale == 1 else ga.multiply(y, scale)
+
+
+@row("aten.softplus.default", needs="softplus")
+def _softplus(ga, x, beta=1, threshold=20):
+    if beta != 1 or threshold != 20:
+        raise NotImplementedError(f"softplus with beta={beta}, threshold={threshold} (only the defaults are mapped)")
+    return ga.softplus(x)
+
+
+# -- products ------------------------------------------------------------------------------------
+
+@row("aten.mm.default", "aten.bmm.default", "aten.matmul.default", needs="matmul")
+def _mm(ga, a, b):
+    return ga.matmul(a, b)
+
+
+@row("aten.addmm.default", needs=("matmul", "add", "multiply"))
+def _addmm(ga, bias, a, b, beta=1, alpha=1):
+    p = ga.matmul(a, b)
+    if alpha != 1:
+        p = ga.multiply(p, alpha)
+    if beta == 0:
+        return p
+    return ga.add(p, bias if beta == 1 else ga.multiply(bias, beta))
+
+
+@row("aten.baddbmm.default", needs=("matmul", "add", "multiply"))
+def _baddbmm(ga, bias, a, b, beta=1, alpha=1):
+    return _addmm(ga, bias, a, b, beta=beta, alpha=alpha)
+
+
+# -- layout --------------------------------------------------------------------------------------
+
+@row("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", needs="reshape")
+def _view(ga, x, shape):
+    return ga.reshape(x, tuple(int(s) for s in shape))
+
+
+@row("aten.permute.default", needs="transpose")
+def _permute(ga, x, dims):
+    return ga.transpose(x, tuple(d % x.ndim for d in dims))
+
+
+@row("aten.t.default", needs="transpose")
+def _t(ga, x):
+    return x if x.ndim < 2 else ga.transpose(x)
+
+
+@row("aten.transpose.int", needs="swapaxes")
+def _transpose(ga, x, d0, d1):
+    return ga.swapaxes(x, d0, d1)
+
+
+@row("aten.unsqueeze.default", needs="expand_dims")
+def _unsqueeze(ga, x, dim):
+    return ga.expand_dims(x, dim % (x.ndim + 1))
+
+
+@row("aten.squeeze.dims", "aten.squeeze.dim", "aten.squeeze.default", needs="squeeze")
+def _squeeze(ga, x, dims=None):
+    if dims is None:
+        return ga.squeeze(x)
+    axes = tuple(d for d in _axes(dims, x.ndim) or () if x.shape[d] == 1)
+    return ga.squeeze(x, axes) if axes else x
+
+
+@row("aten.expand.default", needs="broadcast_to")
+def _expand(ga, x, shape):
+    lead = len(shape) - x.ndim
+    full = tuple(x.shape[i - lead] if int(s) == -1 else int(s) for i, s in enumerate(shape))
+    return x if full == tuple(x.shape) else ga.broadcast_to(x, full)
+
+
+@row("aten.cat.default", needs="concatenate")
+def _cat(ga, tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]  # aten skips empty 1-d inputs
+    return tensors[0] if len(tensors) == 1 else ga.concatenate(tensors, axis=dim)
+
+
+@row("aten.stack.default", needs="stack")
+def _stack(ga, tensors, dim=0):
+    return ga.stack(tensors, axis=dim)
+
+
+@row("aten.slice.Tensor", needs="getitem")
+def _slice(ga, x, dim=0, start=None, end=None, step=1):
+    dim %= x.ndim
+    n = x.shape[dim]
+    s = slice(start, end, step).indices(n)
+    if s == (0, n, 1):
+        return x
+    index = (slice(None),) * dim + (slice(*s),)
+    return ga.getitem(x, index)
+
+
+@row("aten.select.int", needs="getitem")
+def _select(ga, x, dim, index):
+    dim %= x.ndim
+    return ga.getitem(x, (slice(None),) * dim + (int(index),))
+
+
+@row("aten.index.Tensor", needs="take", concrete=(1,))
+def _index(ga, x, indices):
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1:
+        raise NotImplementedError("indexing with more than one index tensor (only one axis at a time is mapped)")
+    (axis, idx), = given
+    return ga.take(x, idx, axis=axis)
+
+
+@row("aten.embedding.default", needs="take", concrete=(1,))
+def _embedding(ga, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return ga.take(weight, indices, axis=0)  # the ids must be concrete: NumPy inputs or model constants
+
+
+@row("aten.index_select.default", needs="take", concrete=(2,))
+def _index_select(ga, x, dim, index):
+    return ga.take(x, index, axis=dim % x.ndim)
+
+
+@row("aten.split_with_sizes.default", needs="getitem")
+def _split_with_sizes(ga, x, sizes, dim=0):
+    dim %= x.ndim
+    out, start = [], 0
+    for n in sizes:
+        out.append(ga.getitem(x, (slice(None),) * dim + (slice(start, start + int(n)),)))
+        start += int(n)
+    return tuple(out)
+
+
+@row("aten.split.Tensor", needs="getitem")
+def _split(ga, x, split_size, dim=0):
+    n = x.shape[dim % x.ndim]
+    return _split_with_sizes(ga, x, [min(split_size, n - s) for s in range(0, n, split_size)], dim)
+
+
+@row("aten.unbind.int", needs="getitem")
+def _unbind(ga, x, dim=0):
+    dim %= x.ndim
+    return tuple(ga.getitem(x, (slice(None),) * dim + (i,)) for i in range(x.shape[dim]))
+
+
+@row("aten.constant_pad_nd.default", needs="pad")
+def _pad(ga, x, pad, value=0):
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):  # aten: (last axis before, after, second to last ...)
+        widths[x.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    if any(a < 0 or b < 0 for a, b in widths):
+        raise NotImplementedError("negative padding (a crop)")
+    return ga.pad(x, tuple(widths), constant_values=value)
+
+
+@row("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.contiguous.default",
+     "aten.lift_fresh_copy.default", concrete="all")
+def _same(ga, x, **_ignored):
+    return x
+
+
+@row("aten._to_copy.default", "aten.to.dtype", needs="astype")
+def _to_copy(ga, x, dtype=None, **_ignored):
+    return x if dtype is None else ga.astype(x, dtype)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+@row("aten.sum.dim_IntList", "aten.sum.default", needs=("sum", "astype"))
+def _sum(ga, x, dim=None, keepdim=False, dtype=None):
+    y = ga.sum(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+    return y if dtype is None else ga.astype(y, dtype)
+
+
+@row("aten.mean.dim", "aten.mean.default", needs="mean")
+def _mean(ga, x, dim=None, keepdim=False, dtype=None):
+    return ga.mean(x, axis=_axes(dim, x.ndim), keepdims=keepdim, dtype=dtype)
+
+
+@row("aten.prod.dim_int", "aten.prod.default", needs="prod")
+def _prod(ga, x, dim=None, keepdim=False, dtype=None):
+    return ga.prod(x, axis=_axes(dim, x.ndim), keepdims=keepdim, dtype=dtype)
+
+
+@row("aten.amax.default", needs="max")
+def _amax(ga, x, dim=(), keepdim=False):
+    return ga.max(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@row("aten.amin.default", needs="min")
+def _amin(ga, x, dim=(), keepdim=False):
+    return ga.min(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@row("aten.max.dim", needs=("max", "argmax"))
+def _max_dim(ga, x, dim, keepdim=False):
+    return ga.max(x, axis=dim % x.ndim, keepdims=keepdim), ga.argmax(x, axis=dim % x.ndim, keepdims=keepdim)
+
+
+@row("aten.min.dim", needs=("min", "argmin"))
+def _min_dim(ga, x, dim, keepdim=False):
+    return ga.min(x, axis=dim % x.ndim, keepdims=keepdim), ga.argmin(x, axis=dim % x.ndim, keepdims=keepdim)
+
+
+@row("aten.max.default", needs="max")
+def _max_all(ga, x):
+    return ga.max(x)
+
+
+@row("aten.min.default", needs="min")
+def _min_all(ga, x):
+    return ga.min(x)
+
+
+@row("aten.argmax.default", needs="argmax")
+def _argmax(ga, x, dim=None, keepdim=False):
+    return ga.argmax(x, axis=None if dim is None else dim % x.ndim, keepdims=keepdim)
+
+
+@row("aten.argmin.default", needs="argmin")
+def _argmin(ga, x, dim=None, keepdim=False):
+    return ga.argmin(x, axis=None if dim is None else dim % x.ndim, keepdims=keepdim)
+
+
+@row("aten.var.correction", "aten.var.dim", needs="var")
+def _var(ga, x, dim=None, unbiased=None, keepdim=False, correction=None):
+    ddof = correction if correction is not None else (1 if unbiased in (None, True) else 0)
+    return ga.var(x, axis=_axes(dim, x.ndim), ddof=ddof, keepdims=keepdim)
+
+
+@row("aten.any.dim", "aten.any.dims", "aten.any.default", needs="any")
+def _any(ga, x, dim=None, keepdim=False):
+    return ga.any(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@row("aten.all.dim", "aten.all.dims", "aten.all.default", needs="all")
+def _all(ga, x, dim=None, keepdim=False):
+    return ga.all(x, axis=_axes(dim, x.ndim), keepdims=keepdim)
+
+
+@row("aten.cumsum.default", needs="cumsum")
+def _cumsum(ga, x, dim, dtype=None):
+    return ga.cumsum(x, axis=dim % x.ndim, dtype=dtype)
+
+
+@row("aten.logsumexp.default", needs="logsumexp")
+def _logsumexp(ga, x, dim, keepdim=False):
+    axes = _axes(dim, x.ndim)
+    if axes is None or len(axes) != 1:
+        raise NotImplementedError("logsumexp over more than one axis (ga.logsumexp takes one)")
+    return ga.logsumexp(x, axis=axes[0], keepdims=keepdim)
+
+
+# -- nn (ga.softmax, ga.layer_norm ... once array/nn.py is there) --------------------------------
+
+@row("aten._softmax.default", needs="softmax")
+def _softmax(ga, x, dim, half_to_float=False):
+    return ga.softmax(x, axis=dim % x.ndim)
+
+
+@row("aten._log_softmax.default", needs="log_softmax")
+def _log_softmax(ga, x, dim, half_to_float=False):
+    return ga.log_softmax(x, axis=dim % x.ndim)
+
+
+@row("aten.native_layer_norm.default", needs="layer_norm")
+def _layer_norm(ga, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    y = ga.layer_norm(x, tuple(normalized_shape), weight, bias, eps=eps)
+    return y, None, None  # the mean and rstd results are for backward; a forward graph reads [0]
+
+
+@row("aten._native_batch_norm_legit_no_training.default", needs="batch_norm")
+def _batch_norm(ga, x, weight, bias, running_mean, running_var, momentum, eps):
+    return ga.batch_norm(x, running_mean, running_var, weight, bias, eps=eps), None, None
+
+
+@row("aten.convolution.default", needs="conv2d")
+def _convolution(ga, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed or x.ndim != 4:
+        raise NotImplementedError("only 2-d, non-transposed convolutions are mapped")
+    return ga.conv2d(x, weight, bias, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
+                     groups=groups)
+
+
+@row("aten.max_pool2d_with_indices.default", needs="max_pool2d")
+def _max_pool2d(ga, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    y = ga.max_pool2d(x, list(kernel_size), stride=list(stride) or None, padding=padding, dilation=dilation,
+                      ceil_mode=ceil_mode)
+    return y, None  # the indices are for backward; a forward graph reads [0]
+
+
+@row("aten.avg_pool2d.default", needs="avg_pool2d")
+def _avg_pool2d(ga, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    return ga.avg_pool2d(x, list(kernel_size), stride=list(stride) or None, padding=padding, ceil_mode=ceil_mode,
+                         count_include_pad=count_include_pad, divisor_override=divisor_override)
+
+
+@row("aten._adaptive_avg_pool2d.default", needs="adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(ga, x, output_size):
+    return ga.adaptive_avg_pool2d(x, list(output_size))
+
+
+# -- creation ------------------------------------------------------------------------------------
+
+@row("aten.full.default", needs="full")
+def _full(ga, size, fill_value, dtype=None, **_ignored):
+    return ga.full(tuple(int(s) for s in size), fill_value, dtype=dtype)
+
+
+@row("aten.full_like.default", needs="full_like")
+def _full_like(ga, x, fill_value, dtype=None, **_ignored):
+    return ga.full_like(x, fill_value, dtype=dtype)
+
+
+@row("aten.scalar_tensor.default")
+def _scalar_tensor(ga, value, dtype=None, **_ignored):
+    return np.asarray(value, dtype=dtype)[()]  # a 0-d constant: a NumPy scalar operand
+
+
+# -- the integer arithmetic of symbolic sizes (``aten.sym_size.int``, Python operators) ----------
+
+@row("aten.sym_size.int")
+def _sym_size(ga, x, dim):
+    return int(x.shape[dim])
+
+
+for _name, _fn in {"mul": operator.mul, "add": operator.add, "sub": operator.sub,
+                   "floordiv": operator.floordiv, "mod": operator.mod, "neg": operator.neg}.items():
+    row(f"_operator.{_name}")((lambda f: lambda ga, *a: f(*a))(_fn))
+
+
+@row("_operator.getitem")
+def _getitem(ga, x, i):
+    return x[i]
+
+
+#: operators that only assert metadata in an exported graph: skipped, as torch skips them at run time
+SKIP = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+                  "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"})

@@ -1,0 +1,269 @@
+"""``Graph``: a captured model as plain data, interpreted with ``ga`` calls.
+
+The IR is a list of nodes, each ``{"name", "op", "args", "kwargs", "shape", "dtype"}``:
+``op`` is the ATen operator (a row of :data:`goblin_dask.capture.aten.TABLE`), ``args`` and
+``kwargs`` plain JSON values where ``{"ref": name}`` is an earlier node, an input or a
+constant, ``{"dtype": "float32"}`` a dtype and ``{"float": "inf"}`` a non-finite number;
+``shape`` has ints, and a string (``"s0"``, ``"6*s0"``) for a symbolic batch size.
+:meth:`Graph.to_json` writes exactly that list; the constants (the model's parameters and
+buffers) are NumPy arrays that stay with the lab (``.npz``, read with ``allow_pickle=False``)
+and enter a computation through ``ga.from_array``.  No torch, no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+FORMAT = "goblin-dask.capture/1"
+
+
+class UnsupportedOperator(NotImplementedError):
+    """A torch operator the catalog cannot compute (yet): names the operator and where it is in the model."""
+
+    def __init__(self, target: str, where: str = "", why: str = ""):
+        self.target, self.where, self.why = target, where, why
+        msg = f"{target} is not supported by goblin-dask's catalog"
+        if why:
+            msg += f" ({why})"
+        if where:
+            msg += f"\n  {where}"
+        super().__init__(msg)
+
+
+def encode(value: Any) -> Any:
+    """A translated argument as JSON: refs, dtypes and non-finite floats tagged, tuples as lists."""
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot encode {value!r}")
+
+
+def _decode(value: Any, env: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, env) for v in value]
+    if isinstance(value, dict):
+        if "ref" in value:
+            return env[value["ref"]]
+        if "dtype" in value:
+            return np.dtype(value["dtype"])
+        if "float" in value:
+            return float(value["float"])
+        raise ValueError(f"unknown tagged value {value!r}")
+    return value
+
+
+def _refs(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [r for v in value for r in _refs(v)]
+    if isinstance(value, dict) and "ref" in value:
+        return [value["ref"]]
+    return []
+
+
+class Graph:
+    """A captured model: call it with NumPy or ga arrays, get ga arrays (``.compute()``: NumPy).
+
+    ``inputs``: ``[{"name", "shape", "dtype", "example"}]`` (a string in ``shape`` is the batch
+    size, any value at call time; ``example``: the captured example's shape, which :attr:`ops`
+    builds the computation for); ``constants``: name -> NumPy array (lab data); ``nodes``: the IR;
+    ``outputs``: refs of the model's results; ``single``: the model returned one tensor.
+    """
+
+    def __init__(self, inputs: Sequence[dict], constants: Mapping[str, np.ndarray], nodes: Sequence[dict],
+                 outputs: Sequence[Any], *, single: bool = False, constant_specs: Mapping[str, dict] | None = None,
+                 ops: Sequence[str] | None = None):
+        self.inputs = [dict(i) for i in inputs]
+        self.constants = {k: np.asarray(v) for k, v in constants.items()}
+        self.nodes = [dict(n) for n in nodes]
+        self.outputs = list(outputs)
+        self.single = bool(single)
+        self.constant_specs = dict(constant_specs or {k: {"shape": list(v.shape), "dtype": v.dtype.name}
+                                                      for k, v in self.constants.items()})
+        self._ops = frozenset(ops) if ops is not None else None
+        self._lab: dict[str, Any] = {}
+        self._check()
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        from goblin_dask.capture import aten
+
+        known = {i["name"] for i in self.inputs} | set(self.constant_specs)
+        for name, spec in self.constant_specs.items():
+            if name not in self.constants:
+                raise ValueError(f"constant {name!r} is missing (the graph's .npz)")
+            have = self.constants[name]
+            if list(have.shape) != list(spec["shape"]) or have.dtype != np.dtype(spec["dtype"]):
+                raise ValueError(f"constant {name!r} is {have.dtype}{list(have.shape)}, "
+                                 f"the graph says {spec['dtype']}{spec['shape']}")
+        for n in self.nodes:
+            if n["op"] not in aten.TABLE:
+                raise UnsupportedOperator(n["op"], why="no row in goblin_dask.capture.aten.TABLE")
+            for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+                if r not in known:
+                    raise ValueError(f"node {n['name']!r} reads {r!r} before it is defined")
+            known.add(n["name"])
+        for r in _refs(list(self.outputs)):
+            if r not in known:
+                raise ValueError(f"output {r!r} is not defined")
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """The catalog operations the graph's computation uses (found by building it for the example shapes)."""
+        if self._ops is None:
+            self._ops = self._trace_ops()
+        return self._ops
+
+    def _trace_ops(self) -> frozenset[str]:
+        from goblin_dask.ops import CatalogTask
+
+        example = [np.zeros(i.get("example") or [2 if isinstance(s, str) else s for s in i["shape"]], dtype=i["dtype"])
+                   for i in self.inputs]
+        out = self(*example)
+        outs = out if isinstance(out, tuple) else (out,)
+        names = set()
+        for o in outs:
+            if hasattr(o, "__dask_graph__"):
+                for task in dict(o.__dask_graph__()).values():
+                    if isinstance(task, CatalogTask):
+                        names.add(task.op.name)
+        return frozenset(names)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _constant(self, name: str) -> Any:
+        import goblin_dask.array as ga
+
+        if name not in self._lab:
+            v = self.constants[name]
+            self._lab[name] = v[()] if v.ndim == 0 else ga.from_array(v)  # 0-d: a NumPy scalar operand
+        return self._lab[name]
+
+    def __call__(self, *args: Any) -> Any:
+        import goblin_dask.array as ga
+        from goblin_dask.capture import aten
+
+        if len(args) != len(self.inputs):
+            raise TypeError(f"the graph takes {len(self.inputs)} inputs, got {len(args)}")
+        env: dict[str, Any] = {}
+        for spec, x in zip(self.inputs, args):
+            if not isinstance(x, ga.Array):
+                x = np.asarray(x)
+            want = np.dtype(spec["dtype"])
+            if x.dtype != want:
+                raise TypeError(f"input {spec['name']!r}: dtype {x.dtype}, the model was captured with {want}")
+            shape = spec["shape"]
+            if len(x.shape) != len(shape) or any(not isinstance(s, str) and s != d for s, d in zip(shape, x.shape)):
+                raise ValueError(f"input {spec['name']!r}: shape {tuple(x.shape)}, the model takes "
+                                 f"{tuple(shape)} (a name is a batch size of any value)")
+            env[spec["name"]] = x if isinstance(x, ga.Array) else _LazyConstant(None, spec["name"], x)
+        for name in self.constant_specs:
+            env[name] = _LazyConstant(self, name)
+        for n in self.nodes:
+            r = aten.TABLE[n["op"]]
+            fn = r.fn
+            if r.concrete == "all":
+                a = _decode(n["args"], env)
+                kw = {k: _decode(v, env) for k, v in n["kwargs"].items()}
+            else:
+                a = [_resolve(v, i in r.concrete) for i, v in enumerate(_decode(n["args"], env))]
+                kw = {k: _resolve(_decode(v, env)) for k, v in n["kwargs"].items()}
+            try:
+                out = fn(ga, *a, **kw)
+            except Exception as e:
+                e.capture_node = n["name"]  # which node's row refused (capture reports its place in the model)
+                raise
+            if isinstance(out, ga.Array) and n.get("dtype") and out.dtype != np.dtype(n["dtype"]):
+                out = ga.astype(out, n["dtype"])  # torch's type promotion where NumPy's differs
+            env[n["name"]] = out
+        results = tuple(_resolve(_decode(o, env)) for o in self.outputs)
+        results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
+        return results[0] if self.single else results
+
+    # -- the form with no pickle ---------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "inputs": self.inputs, "constants": self.constant_specs, "nodes": self.nodes,
+                "outputs": self.outputs, "single": self.single, "ops": sorted(self.ops)}
+
+    def to_json(self) -> str:
+        """The graph as JSON text (the constants' names, shapes and dtypes, not their values)."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str, constants: Any = None) -> "Graph":
+        """A graph from :meth:`to_json`'s text; ``constants``: a mapping of arrays or an ``.npz`` path."""
+        d = json.loads(text)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not a captured graph (format {d.get('format')!r}, expected {FORMAT!r})")
+        if constants is None:
+            constants = {}
+        elif isinstance(constants, (str, os.PathLike)):
+            with np.load(constants, allow_pickle=False) as z:
+                constants = {k: z[k] for k in z.files}
+        return cls(d["inputs"], constants, d["nodes"], d["outputs"], single=d["single"],
+                   constant_specs=d["constants"], ops=d.get("ops"))
+
+    def save(self, path: str | os.PathLike) -> tuple[str, str]:
+        """Write ``path.json`` (the IR) and ``path.npz`` (the constants); returns both paths."""
+        base = os.fspath(path)
+        for ext in (".json", ".npz"):
+            if base.endswith(ext):
+                base = base[: -len(ext)]
+        with open(base + ".json", "w") as f:
+            f.write(self.to_json())
+        np.savez(base + ".npz", **self.constants)
+        return base + ".json", base + ".npz"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Graph":
+        """The graph :meth:`save` wrote (``path.json`` + ``path.npz``)."""
+        base = os.fspath(path)
+        for ext in (".json", ".npz"):
+            if base.endswith(ext):
+                base = base[: -len(ext)]
+        with open(base + ".json") as f:
+            return cls.from_json(f.read(), base + ".npz")
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{i['dtype']}{list(i['shape'])}" for i in self.inputs)
+        return f"<goblin_dask.Graph ({shapes}) -> {len(self.outputs)} output(s), {len(self.nodes)} nodes>"
+
+
+class _LazyConstant:
+    """Lab data a node may read as a ga array (``ga.from_array``, made only when read) or, in the
+    argument positions a row asks for concretely (``take``'s indices), as its NumPy array: a
+    constant of the model, or an input given as NumPy (an embedding's token ids)."""
+
+    __slots__ = ("graph", "name", "value", "lab")
+
+    def __init__(self, graph: Graph | None, name: str, value: np.ndarray | None = None):
+        self.graph, self.name, self.value, self.lab = graph, name, value, None
+
+    def numpy(self) -> np.ndarray:
+        return self.graph.constants[self.name] if self.graph is not None else self.value
+
+    def array(self) -> Any:
+        if self.graph is not None:
+            return self.graph._constant(self.name)
+        if self.lab is None:
+            import goblin_dask.array as ga
+
+            self.lab = self.value[()] if self.value.ndim == 0 else ga.from_array(self.value)
+        return self.lab
+
+
+def _resolve(v: Any, concrete: bool = False) -> Any:
+    if isinstance(v, _LazyConstant):
+        return v.numpy() if concrete else v.array()
+    if isinstance(v, list):
+        return [_resolve(x, concrete) for x in v]
+    return v

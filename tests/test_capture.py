@@ -1,0 +1,309 @@
+"""goblin_dask.capture: PyTorch models as graphs of catalog operations, against torch's own forward.
+
+Each model is captured once (``torch.export`` takes seconds) and computed with dask's local
+threaded scheduler; float32 results agree with torch within 2e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import goblin_dask  # noqa: E402
+import goblin_dask.array as ga  # noqa: E402
+from goblin_dask.capture import Graph, UnsupportedOperator, supported  # noqa: E402
+from goblin_dask.ops import catalog  # noqa: E402
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def run(graph: Graph, *inputs):
+    out = graph(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert all(isinstance(o, ga.Array) for o in outs)
+    return [o.compute(scheduler="threads") for o in outs]
+
+
+def reference(model, *inputs):
+    with torch.no_grad():
+        out = model(*(torch.from_numpy(x) for x in inputs))
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+def same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        np.testing.assert_allclose(g, w, **TOL)
+
+
+def data(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Mixed(nn.Module):
+    """Elementwise, reductions, layout, comparisons, casts and a buffer; ten outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 6))
+
+    def forward(self, x):
+        y = x.view(x.shape[0], 2, 3).transpose(1, 2).reshape(x.shape[0], -1)
+        z = torch.cat([y[:, 1:4], x[:, :3]], dim=1).unsqueeze(1).expand(-1, 2, -1)
+        a = F.gelu(x) + F.silu(x) + F.softplus(x) + F.leaky_relu(x, 0.1) + F.elu(x) + F.gelu(x, approximate="tanh")
+        b = torch.where(x > 0, x.clamp(-1, 1), x.var(dim=1, keepdim=True)) + x.amax(1, keepdim=True) + x.sum(-1, keepdim=True)
+        c = x * self.scale - torch.rsqrt(x.abs() + 1) + torch.exp(-x).tanh() + torch.sigmoid(x) / 3 + x ** 2
+        d = x.max(dim=1, keepdim=True).values - x.mean(dim=(0, 1), keepdim=True) + torch.maximum(x, torch.zeros_like(x))
+        return z.sum(1), a, b, c, d, x.argmax(1), x.flatten(), x[0], x.mean(), (x > 0.5).to(torch.float32).sum(1)
+
+
+class ConvNet(nn.Module):
+    """conv2d, batch norm (eval), pooling, layer norm, softmax / log_softmax / logsumexp."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.pool = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.MaxPool2d(2)
+        self.ln, self.fc = nn.LayerNorm(16), nn.Linear(16, 5)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        h = self.pool(F.relu(self.bn(self.conv(x))))
+        h = F.avg_pool2d(h, 2) + F.adaptive_avg_pool2d(h, 2)
+        y = self.fc(self.ln(h.flatten(1)))
+        return y.softmax(-1), y.log_softmax(-1), torch.logsumexp(y, 1)
+
+
+class Indexing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("idx", torch.tensor([3, 0, 1]))
+
+    def forward(self, x):
+        return F.pad(x, (1, 2)), x[:, self.idx], x.cumsum(1)
+
+
+class TinyLM(nn.Module):
+    """Token ids -> embedding -> a transformer encoder layer (attention, layer norm, GELU) -> logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.encoder = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", batch_first=True)
+        self.head = nn.Linear(8, 11)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embed(ids))).log_softmax(-1)
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(4, 3, batch_first=True)
+
+    def forward(self, x):
+        out, h = self.gru(x)
+        return out, h
+
+
+class Bessel(nn.Module):
+    def forward(self, x):
+        return torch.special.bessel_j0(x) + 1
+
+
+class WithBessel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(4, 4), Bessel())
+
+    def forward(self, x):
+        return self.block(x).sum(-1)
+
+
+class Spectrum(nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+
+class FixedBatch(nn.Module):
+    def forward(self, x):
+        return x.reshape(20) * 2  # the batch size is baked in: no symbolic batch dimension
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    return model, goblin_dask.capture(model, (torch.from_numpy(data(5, 6)),))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    model = Mixed().eval()
+    return model, goblin_dask.capture(model, (torch.from_numpy(data(5, 6)),))
+
+
+def test_mlp_matches_torch(mlp):
+    model, g = mlp
+    x = data(5, 6, seed=1)
+    out = g(x)
+    assert isinstance(out, ga.Array)  # one output: one array, not a tuple
+    same(run(g, x), reference(model, x))
+    same(run(g, ga.from_array(x)), reference(model, x))  # ga inputs as well as NumPy
+
+
+@pytest.mark.parametrize("batch", [1, 2, 11])
+def test_mlp_other_batch_sizes(mlp, batch):
+    model, g = mlp
+    assert isinstance(g.inputs[0]["shape"][0], str)  # a symbolic batch size
+    x = data(batch, 6, seed=batch)
+    same(run(g, x), reference(model, x))
+
+
+@pytest.mark.parametrize("batch", [5, 3])
+def test_elementwise_reduction_shape_model(mixed, batch):
+    model, g = mixed
+    x = data(batch, 6, seed=batch)
+    same(run(g, x), reference(model, x))
+
+
+def test_nn_model():
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(3, 2, 8, 8)),))
+    assert {"conv2d", "batch_norm", "max_pool2d", "avg_pool2d", "layer_norm", "softmax", "log_softmax"} <= g.ops
+    for batch in (3, 4):
+        x = data(batch, 2, 8, 8, seed=batch)
+        same(run(g, x), reference(model, x))
+
+
+def test_take_pad_cumsum_with_a_buffer_index():
+    model = Indexing().eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(5, 4)),))
+    assert {"take", "pad", "cumsum"} <= g.ops
+    x = data(7, 4, seed=3)
+    same(run(g, x), reference(model, x))
+
+
+def test_transformer_with_token_ids_and_gru():
+    torch.manual_seed(0)
+    lm = TinyLM().eval()
+    g = goblin_dask.capture(lm, (torch.randint(0, 11, (2, 5)),))
+    assert {"take", "layer_norm", "softmax", "matmul", "gelu"} <= g.ops
+    ids = np.random.default_rng(1).integers(0, 11, (3, 5))  # token ids as NumPy: the embedding's take indices
+    same(run(g, ids), reference(lm, ids))
+
+    rnn = Recurrent().eval()
+    g = goblin_dask.capture(rnn, (torch.randn(2, 5, 4),))
+    x = data(3, 5, 4, seed=4)
+    same(run(g, x), reference(rnn, x))
+
+
+def test_ops(mlp, mixed):
+    _, g = mlp
+    assert {"matmul", "add", "relu"} <= g.ops and g.ops <= set(catalog())
+    _, m = mixed
+    assert {"gelu", "elu", "leaky_relu", "where", "clip", "max", "sum", "reshape", "transpose", "greater",
+            "astype"} <= m.ops
+    assert m.ops <= set(catalog())
+
+
+def test_json_npz_round_trip(mlp, mixed, tmp_path):
+    for i, (model, g) in enumerate((mlp, mixed)):
+        text = g.to_json()
+        d = json.loads(text)
+        assert d["nodes"] == g.nodes and sorted(d["ops"]) == sorted(g.ops)
+        assert set(d["constants"]) == set(g.constants)  # names, shapes and dtypes; the values are in the .npz
+        json_path, npz_path = g.save(tmp_path / f"model{i}")
+        with np.load(npz_path, allow_pickle=False) as z:
+            assert set(z.files) == set(g.constants)
+        loaded = Graph.load(tmp_path / f"model{i}")
+        again = Graph.from_json(text, npz_path)
+        also = Graph.from_json(text, dict(g.constants))
+        assert loaded.ops == again.ops == also.ops == g.ops
+        x = data(4, 6, seed=7)
+        want = run(g, x)
+        for h in (loaded, again, also):
+            got = run(h, x)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_missing_constant_is_refused(mlp):
+    _, g = mlp
+    with pytest.raises(ValueError, match="missing"):
+        Graph.from_json(g.to_json(), {})
+
+
+def test_unsupported_operator_names_operator_module_and_line():
+    with pytest.raises(UnsupportedOperator) as e:
+        goblin_dask.capture(WithBessel(), (torch.randn(3, 4),))
+    msg = str(e.value)
+    assert "aten.special_bessel_j0" in msg
+    assert "'block.1'" in msg and "Bessel" in msg  # the module path from nn_module_stack
+    assert "test_capture.py" in msg and "torch.special.bessel_j0(x) + 1" in msg  # the source line
+
+    with pytest.raises(UnsupportedOperator) as e:
+        goblin_dask.capture(Spectrum(), (torch.randn(3, 8),))
+    assert "aten._fft_r2c" in str(e.value) and "torch.fft.rfft(x).abs()" in str(e.value)
+
+
+class Volume(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(1, 2, 3)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_row_that_refuses_its_arguments_fails_at_capture():
+    with pytest.raises(UnsupportedOperator) as e:
+        goblin_dask.capture(Volume(), (torch.randn(2, 1, 4, 4, 4),))
+    msg = str(e.value)
+    assert "aten.convolution.default" in msg and "only 2-d" in msg and "'conv' (Conv3d)" in msg
+
+
+def test_static_fallback_and_input_checks():
+    model = FixedBatch()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(5, 4)),))
+    assert g.inputs[0]["shape"] == [5, 4]
+    x = data(5, 4, seed=2)
+    same(run(g, x), reference(model, x))
+    with pytest.raises(ValueError, match="shape"):
+        g(data(6, 4))
+    with pytest.raises(TypeError, match="dtype"):
+        g(x.astype(np.float64))
+
+
+def test_capture_is_callable_and_table_listed():
+    import goblin_dask.capture as package
+
+    assert callable(goblin_dask.capture) and callable(package)
+    assert goblin_dask.Graph is Graph
+    assert {"aten.addmm.default", "aten.mm.default", "aten.view.default", "aten._softmax.default"} <= set(supported())
+
+
+def test_import_goblin_dask_does_not_import_torch():
+    code = ("import sys, goblin_dask; goblin_dask.Graph; import goblin_dask.capture; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
