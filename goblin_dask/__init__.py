@@ -22,5 +22,5 @@ def __getattr__(name: str) -> Any:
     if name in ("capture", "Graph"):  # PyTorch models as catalog graphs; torch loads only when capture runs
         import importlib
 
-        return getattr(importlib.import_module("goblin_dask.capture"), name)
+        return getattr(importlib.import_module("goblin_dask.torch_capture"), name)
     raise AttributeError(f"module 'goblin_dask' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from goblin_dask.array.core import (
 )
 from goblin_dask.array.creation import arange, eye, full, full_like, ones, ones_like, random, zeros, zeros_like
 from goblin_dask.array.layout import (
-    broadcast_to, concatenate, expand_dims, getitem, moveaxis, pad, ravel, rechunk, reshape, squeeze, stack, swapaxes,
+    broadcast_to, concatenate, expand_dims, gather, getitem, moveaxis, pad, ravel, rechunk, reshape, squeeze, stack, swapaxes,
     take, transpose,
 )
 from goblin_dask.array.linalg import dot, einsum, matmul, tensordot
@@ -23,6 +23,7 @@ from goblin_dask.array.nn import (
     scaled_dot_product_attention, softmax,
 )
 from goblin_dask.array.placement import placement_for
+from goblin_dask.array.composite import fmod, hardsigmoid, hardswish, one_hot, tril, triu
 from goblin_dask.array.scan import cumprod, cumsum, nancumprod, nancumsum
 from goblin_dask.array.reductions import (
     all, allclose, any, argmax, argmin, array_equal, max, mean, min, nanargmax, nanargmin, nanmax, nanmean, nanmin,
@@ -34,12 +35,13 @@ from goblin_dask.array import ufuncs as _ufuncs
 __all__ = [
     "Array", "all", "allclose", "any", "arange", "argmax", "argmin", "array_equal", "asarray", "astype", "blockwise",
     "broadcast_to", "concatenate", "dot", "einsum", "elementwise", "expand_dims", "eye", "formula", "from_array",
-    "full", "full_like", "getitem", "isclose", "matmul", "max", "mean", "min", "moveaxis", "nanargmax", "nanargmin",
+    "full", "full_like", "gather", "getitem", "isclose", "matmul", "max", "mean", "min", "moveaxis", "nanargmax", "nanargmin",
     "nanmax", "nanmean", "nanmin", "nanprod", "nanstd", "nansum", "nanvar", "ones", "ones_like",
     "prod", "random", "ravel", "rechunk", "reshape", "round", "squeeze", "stack", "std", "sum", "swapaxes",
     "tensordot", "transpose", "var", "zeros", "zeros_like",
 ]
 __all__ += ["cumprod", "cumsum", "nancumprod", "nancumsum", "pad", "take"]
+__all__ += ["fmod", "hardsigmoid", "hardswish", "one_hot", "tril", "triu"]
 __all__ += _ufuncs.__all__
 from goblin_dask.array import nn as _nn  # noqa: E402
 

@@ -612,5 +612,28 @@ def stack(arrays: Sequence[Any], axis: int = 0, out: Any = None, *, dtype: Any =
     return concatenate([expand_dims(a, axis) for a in arrays], axis=axis, dtype=dtype, casting=casting)
 
 
+@implements(op="gather")
+def gather(x: Any, index: Any, axis: int) -> Array:
+    """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` along ``axis``; ``index`` (integers, negatives from the
+    end) is an operand, a ga.Array or NumPy array of x's rank, at most x's extent along the other axes.
+
+    One ``gather`` task per index block, over x cut to the index's extent and whole along ``axis``.
+    """
+    x, ind = asarray(x), asarray(index)
+    ax = normalize_axes("gather", axis, x.shape)[0]
+    get("gather").abstract_eval(x.aval, ind.aval, axis=ax)
+    if any(i < n for d, (i, n) in enumerate(zip(ind.shape, x.shape)) if d != ax):
+        x = getitem(x, tuple(slice(None) if d == ax else slice(0, i) for d, i in enumerate(ind.shape)))
+    want = tuple((x.shape[ax],) if d == ax else c for d, c in enumerate(ind.chunks))
+    if x.chunks != want:
+        x = rechunk(x, want)
+
+    def block(idx):
+        xi = tuple(0 if d == ax else i for d, i in enumerate(idx))
+        return (x.ref(xi), ind.ref(idx)), (x.block_aval(xi), ind.block_aval(idx)), {"axis": ax}
+
+    return blockwise("gather", ind.chunks, x.dtype, block, token=(x.name, ind.name, ax), dependencies=[x, ind])
+
+
 __all__ = ["broadcast_to", "concatenate", "expand_dims", "getitem", "moveaxis", "pad", "ravel", "rechunk", "reshape",
-           "squeeze", "stack", "swapaxes", "take", "transpose"]
+           "squeeze", "stack", "swapaxes", "take", "transpose", "gather"]

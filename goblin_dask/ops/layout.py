@@ -394,3 +394,55 @@ pad = _layout_op(
                                                                   **({"constant_values": 2} if m == "constant" else {})})
                                  for m in PAD_MODES],
 )  # fmt: skip
+
+
+# -- gather (torch.gather / np.take_along_axis: the indices are an operand) -----------------------
+
+
+def _gather_check(x: Aval, index: Aval, axis: Any) -> int:
+    if np.dtype(index.dtype).kind not in "iu":
+        raise ValueError(f"gather: the index must be integers, got dtype {index.dtype}")
+    if len(index.shape) != len(x.shape):
+        raise ValueError(f"gather: index shape {index.shape} and x shape {x.shape} differ in rank")
+    ax = _take_axis("gather", x, axis)
+    for d, (i, n) in enumerate(zip(index.shape, x.shape)):
+        if d != ax and i > n:
+            raise ValueError(f"gather: index shape {index.shape} exceeds x shape {x.shape} along axis {d}")
+    return ax
+
+
+def _gather_shape(x: Aval, index: Aval, *, axis: int) -> tuple[int, ...]:
+    _gather_check(x, index, axis)
+    return tuple(index.shape)
+
+
+def _gather_dtype(x: Aval, index: Aval, *, axis: int) -> np.dtype:
+    return check_dtype("gather", x.dtype)
+
+
+def _gather(x: Any, index: Any, *, axis: int) -> Any:
+    ax = _gather_check(Aval.of(x), Aval.of(index), axis)
+    n = x.shape[ax]
+    if index.size and ((index < -n) | (index >= n)).any():
+        raise LayoutIndexError(f"gather: an index is out of bounds for axis {ax} with size {n} (shape {x.shape})")
+    x = x[tuple(slice(None) if d == ax else slice(0, i) for d, i in enumerate(index.shape))]
+    return np.take_along_axis(x, index.astype(np.intp), axis=ax)
+
+
+def _gather_vjp(g: Any, x: Any, index: Any, *, axis: int) -> tuple:
+    ax = _gather_check(Aval.of(x), Aval.of(index), axis)
+    out = np.zeros(np.shape(x), dtype=np.result_type(g))
+    view = out[tuple(slice(None) if d == ax else slice(0, i) for d, i in enumerate(np.shape(index)))]
+    grid = list(np.indices(np.shape(index), sparse=True))
+    grid[ax] = np.asarray(index) % max(np.shape(x)[ax], 1)
+    np.add.at(view, tuple(grid), g)
+    return (out, None)
+
+
+gather = _layout_op(
+    "gather", "x's entries at an integer index array along one axis (torch.gather, np.take_along_axis).",
+    _gather_shape, _gather, _gather_vjp, dtype_rule=_gather_dtype, arity=2, params=("axis",),
+    examples=lambda n, rng, dt: [((matrices(n, rng, dt, 1)[0], rng.integers(-n, n, size=(max(n - 1, 1), 2 * n))),
+                                  {"axis": 1}),
+                                 ((matrices(n, rng, dt, 1)[0], rng.integers(0, n, size=(n, n))), {"axis": 0})],
+)  # fmt: skip

@@ -2,42 +2,30 @@
 
 ``capture`` exports the model with ``torch.export`` (core ATen, a symbolic batch size where
 the model allows) and maps every ATen operator through a table to ``goblin_dask.array``
-calls (:mod:`goblin_dask.capture.aten`); the :class:`Graph` it returns holds operator names,
+calls (:mod:`goblin_dask.torch_capture.aten`); the :class:`Graph` it returns holds operator names,
 shapes, dtypes and the parameters as NumPy constants (lab data), and runs on the grid when
 called.  torch is imported only when ``capture`` runs; a saved graph needs no torch.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
-from goblin_dask.capture.graph import Graph, UnsupportedOperator
+from goblin_dask.torch_capture.graph import Graph, UnsupportedOperator
 
 
 def capture(module: Any, example_inputs: Any, *, dynamic_batch: bool = True) -> Graph:
-    """``module`` as a :class:`Graph` (see :func:`goblin_dask.capture.export.capture`)."""
-    from goblin_dask.capture import export
+    """``module`` as a :class:`Graph` (see :func:`goblin_dask.torch_capture.export.capture`)."""
+    from goblin_dask.torch_capture import export
 
     return export.capture(module, example_inputs, dynamic_batch=dynamic_batch)
 
 
 def supported() -> list[str]:
     """The ATen operators the table maps (whether ``ga`` has every function each needs yet or not)."""
-    from goblin_dask.capture import aten
+    from goblin_dask.torch_capture import aten
 
     return sorted(aten.TABLE)
 
 
 __all__ = ["Graph", "UnsupportedOperator", "capture", "supported"]
-
-
-class _CallableModule(types.ModuleType):
-    """``goblin_dask.capture`` is this package once it is imported: calling it is :func:`capture`."""
-
-    def __call__(self, module: Any, example_inputs: Any, *, dynamic_batch: bool = True) -> Graph:
-        return capture(module, example_inputs, dynamic_batch=dynamic_batch)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -119,6 +119,11 @@ for _aten, _ga in _BINARY.items():
         needs=_ga)(_binary(_ga))
 
 
+for _aten, _ga in {"__lshift__": "left_shift", "__rshift__": "right_shift", "bitwise_left_shift": "left_shift",
+                   "bitwise_right_shift": "right_shift"}.items():
+    row(f"aten.{_aten}.Scalar", f"aten.{_aten}.Tensor", f"aten.{_aten}.Tensor_Scalar", needs=_ga)(_binary(_ga))
+
+
 @row("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar", needs="power")
 def _pow(ga, x, y):
     if isinstance(y, (int, float)) and y == 2:
@@ -303,14 +308,41 @@ def _index(ga, x, indices):
     return ga.take(x, idx, axis=axis)
 
 
-@row("aten.embedding.default", needs="take", concrete=(1,))
+@row("aten.embedding.default", needs=("take", "gather"), concrete=(1,))
 def _embedding(ga, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return ga.take(weight, indices, axis=0)  # the ids must be concrete: NumPy inputs or model constants
+    if not isinstance(indices, ga.Array):  # NumPy inputs or model constants: rows taken at the lab's data
+        return ga.take(weight, indices, axis=0)
+    # ids computed in the graph (``pos(arange(t))``): row i of the result gathers weight[ids[i], :]
+    flat = ga.reshape(indices, (-1,))
+    rows = ga.gather(weight, ga.broadcast_to(ga.reshape(flat, (flat.shape[0], 1)), (flat.shape[0], weight.shape[1])), 0)
+    return ga.reshape(rows, (*indices.shape, weight.shape[1]))
 
 
 @row("aten.index_select.default", needs="take", concrete=(2,))
 def _index_select(ga, x, dim, index):
     return ga.take(x, index, axis=dim % x.ndim)
+
+
+@row("aten.gather.default", needs="gather")
+def _gather(ga, x, dim, index, sparse_grad=False):
+    return ga.gather(x, index, dim % max(x.ndim, 1))
+
+
+@row("aten.tril.default", needs="tril")
+def _tril(ga, x, diagonal=0):
+    return ga.tril(x, diagonal)
+
+
+@row("aten.triu.default", needs="triu")
+def _triu(ga, x, diagonal=0):
+    return ga.triu(x, diagonal)
+
+
+@row("aten.masked_fill.Scalar", "aten.masked_fill.Tensor", needs="where")
+def _masked_fill(ga, x, mask, value):
+    if not hasattr(value, "chunks"):  # a number: filled in x's dtype, as torch does
+        value = np.asarray(value, dtype=x.dtype)[()]
+    return ga.where(mask, value, x)
 
 
 @row("aten.split_with_sizes.default", needs="getitem")
@@ -503,6 +535,14 @@ def _full(ga, size, fill_value, dtype=None, **_ignored):
 @row("aten.full_like.default", needs="full_like")
 def _full_like(ga, x, fill_value, dtype=None, **_ignored):
     return ga.full_like(x, fill_value, dtype=dtype)
+
+
+@row("aten.arange.default", "aten.arange.start", "aten.arange.start_step", needs="arange")
+def _arange(ga, *args, dtype=None, **_ignored):
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (tuple(args) + (1,))[:3]
+    if dtype is None:  # torch: int64 for integers, its default float32 otherwise
+        dtype = "int64" if all(isinstance(v, (int, np.integer)) for v in (start, end, step)) else "float32"
+    return ga.arange(start, end, step, dtype=dtype)
 
 
 @row("aten.scalar_tensor.default")

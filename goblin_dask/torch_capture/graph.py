@@ -1,7 +1,7 @@
 """``Graph``: a captured model as plain data, interpreted with ``ga`` calls.
 
 The IR is a list of nodes, each ``{"name", "op", "args", "kwargs", "shape", "dtype"}``:
-``op`` is the ATen operator (a row of :data:`goblin_dask.capture.aten.TABLE`), ``args`` and
+``op`` is the ATen operator (a row of :data:`goblin_dask.torch_capture.aten.TABLE`), ``args`` and
 ``kwargs`` plain JSON values where ``{"ref": name}`` is an earlier node, an input or a
 constant, ``{"dtype": "float32"}`` a dtype and ``{"float": "inf"}`` a non-finite number;
 ``shape`` has ints, and a string (``"s0"``, ``"6*s0"``) for a symbolic batch size.
@@ -94,7 +94,7 @@ class Graph:
     # -- checks --------------------------------------------------------------------------------
 
     def _check(self) -> None:
-        from goblin_dask.capture import aten
+        from goblin_dask.torch_capture import aten
 
         known = {i["name"] for i in self.inputs} | set(self.constant_specs)
         for name, spec in self.constant_specs.items():
@@ -106,7 +106,7 @@ class Graph:
                                  f"the graph says {spec['dtype']}{spec['shape']}")
         for n in self.nodes:
             if n["op"] not in aten.TABLE:
-                raise UnsupportedOperator(n["op"], why="no row in goblin_dask.capture.aten.TABLE")
+                raise UnsupportedOperator(n["op"], why="no row in goblin_dask.torch_capture.aten.TABLE")
             for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
                 if r not in known:
                     raise ValueError(f"node {n['name']!r} reads {r!r} before it is defined")
@@ -149,7 +149,7 @@ class Graph:
 
     def __call__(self, *args: Any) -> Any:
         import goblin_dask.array as ga
-        from goblin_dask.capture import aten
+        from goblin_dask.torch_capture import aten
 
         if len(args) != len(self.inputs):
             raise TypeError(f"the graph takes {len(self.inputs)} inputs, got {len(args)}")

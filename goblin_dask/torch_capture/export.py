@@ -1,4 +1,4 @@
-"""The torch side of :func:`goblin_dask.capture`: ``torch.export`` to core ATen, then the table.
+"""The torch side of :func:`goblin_dask.torch_capture`: ``torch.export`` to core ATen, then the table.
 
 Imported only when ``capture`` is called: ``import goblin_dask`` never loads torch.
 """
@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from goblin_dask.capture import aten
-from goblin_dask.capture.graph import Graph, UnsupportedOperator, encode
+from goblin_dask.torch_capture import aten
+from goblin_dask.torch_capture.graph import Graph, UnsupportedOperator, encode
 
 
 def _torch():
     try:
         import torch
     except ImportError as e:  # pragma: no cover - the capture extra
-        raise ImportError("goblin_dask.capture needs torch: pip install 'goblin-dask[capture]'") from e
+        raise ImportError("goblin_dask.torch_capture needs torch: pip install 'goblin-dask[capture]'") from e
     return torch
 
 
@@ -170,7 +170,7 @@ def capture(module: Any, example_inputs: tuple, *, dynamic_batch: bool = True) -
             continue
         lacks = aten.missing(target, ga)
         if lacks is None:
-            raise UnsupportedOperator(target, where(node), "no row in goblin_dask.capture.aten.TABLE")
+            raise UnsupportedOperator(target, where(node), "no row in goblin_dask.torch_capture.aten.TABLE")
         if lacks:
             raise UnsupportedOperator(target, where(node), f"ga.{', ga.'.join(lacks)} not in goblin_dask.array yet")
         val = node.meta.get("val")
