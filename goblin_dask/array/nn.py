@@ -17,7 +17,9 @@ import numpy as np
 
 from goblin_dask.array.core import Array, asarray, blockwise
 from goblin_dask.array.layout import rechunk
+from goblin_dask.array.linalg import _even, volunteer_capacity
 from goblin_dask.array.numpy_api import implements
+from goblin_dask import settings
 from goblin_dask.ops import get
 
 
@@ -152,7 +154,9 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
            groups: int = 1) -> Array:
     """2-d convolution of NCHW ``input`` with OIHW ``weight`` (F.conv2d; padding as ints only).
 
-    One task per (batch block, output-channel block); each is im2col + matmul, checked by Freivalds.
+    One task per (batch block, output-channel block), each sized so that its input, weight,
+    im2col patches and output fit the volunteers' per-task memory (as blocked products are);
+    each is im2col + matmul, checked by Freivalds.
     """
     op = get("conv2d")
     x, w = asarray(input), asarray(weight)
@@ -162,6 +166,11 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     out = op.abstract_eval(x.aval, w.aval, *([b.aval] if b is not None else []), **params)
     x = _whole(x, [1, 2, 3])
     w = _whole(w, [1, 2, 3] if groups == 1 else None)
+    nb, ob = _conv_blocks(x, w, out, groups)
+    if max(x.chunks[0]) > nb:
+        x = rechunk(x, (_even(x.shape[0], nb), *x.chunks[1:]))
+    if groups == 1 and max(w.chunks[0]) > ob:
+        w = rechunk(w, (_even(w.shape[0], ob), *w.chunks[1:]))
     b = None if b is None else rechunk(b, (w.chunks[0],))
     chunks = (x.chunks[0], w.chunks[0], (out.shape[2],), (out.shape[3],))
 
@@ -173,6 +182,32 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
 
     deps = [x, w] + ([b] if b is not None else [])
     return blockwise("conv2d", chunks, out.dtype, block, token=(*[d.name for d in deps], params), dependencies=deps)
+
+
+def _conv_blocks(x: Array, w: Array, out: Any, groups: int) -> tuple[int, int]:
+    """Largest (images, output channels) per conv2d task whose bytes fit a volunteer task's memory.
+
+    A task holds its images, its filters, the im2col patches (images x Ho x Wo x C/groups x kh x kw)
+    and its output; the budget is the blocked products' (``goblin.product.memory-fraction`` of a
+    volunteer thread's memory).  Halves the larger side until it fits (or both are 1).
+    """
+    budget, _ = volunteer_capacity()
+    budget *= float(settings.get("goblin.product.memory-fraction"))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho, wo = out.shape[2], out.shape[3]
+    isz = out.dtype.itemsize
+    nb, ob = max(x.chunks[0]), (max(w.chunks[0]) if groups == 1 else o)
+
+    def size(nb: int, ob: int) -> float:
+        return isz * (nb * c * h * wd + ob * cg * kh * kw + nb * ho * wo * c * kh * kw + nb * ob * ho * wo)
+
+    while size(nb, ob) > budget and (nb > 1 or (ob > 1 and groups == 1)):
+        if nb > 1 and (groups != 1 or ob == 1 or nb * c * h * wd + nb * ho * wo * c * kh * kw >= ob * cg * kh * kw):
+            nb = (nb + 1) // 2
+        else:
+            ob = (ob + 1) // 2
+    return nb, ob
 
 
 def _pool(opname: str, x: Any, params: dict) -> Array:
