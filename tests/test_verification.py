@@ -204,6 +204,19 @@ def test_trust_lowers_replication_and_sampling_never_to_zero():
     assert samples == sorted(samples, reverse=True) and samples[-1] == 0.01
 
 
+def test_a_forced_verification_method_outside_the_overrides_is_refused_before_dispatch():
+    import dask
+
+    src = "data-0123456789abcdef"
+    dsk = {src: DataNode(src, np.ones((2, 2))),
+           ("matmul-0123456789abcdef", 0): CatalogTask(("matmul-0123456789abcdef", 0), get("matmul"), TaskRef(src), TaskRef(src))}
+    with dask.config.set({"goblin.verification.method": "trust-me"}):
+        with pytest.raises(ValueError, match="goblin.verification.method = 'trust-me'"):
+            insert_checks(dsk, list(dsk))
+    with dask.config.set({"goblin.verification.method": "replica"}):
+        assert insert_checks(dsk, list(dsk))[("matmul-0123456789abcdef", 0)].kwargs["method"] == "replica"
+
+
 def test_insert_checks_puts_volunteer_tasks_under_unverified_keys():
     src = ("source-0123456789abcdef", 0)
     dsk = {src: DataNode(src, np.ones((4, 4))),

@@ -124,7 +124,7 @@ def share_limits(a: Array, b: Array) -> tuple:
     return tuple((aid in in_a, aid in in_b, cap) for aid, cap in caps.items() if cap is not None)
 
 
-def _even(n: int, b: int) -> tuple[int, ...]:
+def even_blocks(n: int, b: int) -> tuple[int, ...]:
     """Blocks of at most ``b`` covering ``n`` in near-equal sizes (better balance than b, b, ..., rest)."""
     if n == 0:
         return (0,)
@@ -155,8 +155,8 @@ def _matmul2(a: Array, b: Array) -> Array:
     budget, workers = volunteer_capacity()
     frac = float(settings.get("goblin.product.memory-fraction"))
     bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
-    a = rechunk(a, (_even(m, bm), _even(k, bk)))
-    b = rechunk(b, (_even(k, bk), _even(n, bn)))
+    a = rechunk(a, (even_blocks(m, bm), even_blocks(k, bk)))
+    b = rechunk(b, (even_blocks(k, bk), even_blocks(n, bn)))
     name = new_name("matmul", a.name, b.name)
     layer = {}
     nk = a.numblocks[1]

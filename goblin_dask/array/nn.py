@@ -17,7 +17,7 @@ import numpy as np
 
 from goblin_dask.array.core import Array, asarray, blockwise
 from goblin_dask.array.layout import rechunk
-from goblin_dask.array.linalg import _even, volunteer_capacity
+from goblin_dask.array.linalg import even_blocks, volunteer_capacity
 from goblin_dask.array.numpy_api import implements
 from goblin_dask import settings
 from goblin_dask.ops import get
@@ -168,9 +168,9 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     w = _whole(w, [1, 2, 3] if groups == 1 else None)
     nb, ob = _conv_blocks(x, w, out, groups)
     if max(x.chunks[0]) > nb:
-        x = rechunk(x, (_even(x.shape[0], nb), *x.chunks[1:]))
+        x = rechunk(x, (even_blocks(x.shape[0], nb), *x.chunks[1:]))
     if groups == 1 and max(w.chunks[0]) > ob:
-        w = rechunk(w, (_even(w.shape[0], ob), *w.chunks[1:]))
+        w = rechunk(w, (even_blocks(w.shape[0], ob), *w.chunks[1:]))
     b = None if b is None else rechunk(b, (w.chunks[0],))
     chunks = (x.chunks[0], w.chunks[0], (out.shape[2],), (out.shape[3],))
 

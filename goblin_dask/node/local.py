@@ -125,14 +125,20 @@ class LabNode:
 
     def _connect(self, n_workers: int, timeout: float, parts: list[str]) -> None:
         self.client = admin.admin_client(self.state_dir, self.address, set_as_default=True, timeout=timeout)
+        self._wait_until_joined(lambda: len(self.client.scheduler_info(n_workers=-1)["workers"]) >= n_workers, parts,
+                                timeout, lambda: f"only {len(self.client.scheduler_info()['workers'])} of {n_workers} "
+                                             f"workers joined within {timeout:.0f} s")
+
+    def _wait_until_joined(self, joined, parts: list[str], timeout: float, failure) -> None:
+        """Poll ``joined()`` until true; a part that exits first, or the timeout, is a LabNodeStartError."""
         deadline = time.monotonic() + timeout
-        while len(self.client.scheduler_info(n_workers=-1)["workers"]) < n_workers:
+        while not joined():
             for part in parts:
                 proc = self.processes[part]
                 if proc.poll() is not None:
                     raise self._failure(part, f"exited with code {proc.returncode} before joining")
             if time.monotonic() > deadline:
-                raise LabNodeStartError(f"only {len(self.client.scheduler_info()['workers'])} of {n_workers} workers joined within {timeout:.0f} s")
+                raise LabNodeStartError(failure())
             time.sleep(0.1)
 
     # -- volunteers ---------------------------------------------------------
@@ -157,14 +163,8 @@ class LabNode:
             "--memory-limit", str(memory_limit or self._memory_limit), *extra_args,
         ])
         if wait:
-            deadline = time.monotonic() + timeout
-            while name not in self.volunteer_names():
-                proc = self.processes[name]
-                if proc.poll() is not None:
-                    raise self._failure(name, f"exited with code {proc.returncode} before joining")
-                if time.monotonic() > deadline:
-                    raise LabNodeStartError(f"volunteer {name} did not join within {timeout:.0f} s")
-                time.sleep(0.1)
+            self._wait_until_joined(lambda: name in self.volunteer_names(), [name], timeout,
+                                    lambda: f"volunteer {name} did not join within {timeout:.0f} s")
         return name
 
     def volunteer_names(self) -> list[str]:

@@ -31,10 +31,11 @@ import logging
 import time
 from typing import Any, Mapping
 
-import dask
 import numpy as np
 from dask._task_spec import GraphNode, Task, TaskRef
 
+from goblin_dask import settings
+from goblin_dask.node.rpc import POLICY as POLICY_HANDLER  # the scheduler handler asked how to verify a replica
 from goblin_dask.ops.spec import CatalogTask, Exact, Freivalds, OpSpec, Recompute, Replica, Verification
 from goblin_dask.validation.freivalds import check_product
 
@@ -43,8 +44,6 @@ logger = logging.getLogger("goblin_dask.validation")
 UNVERIFIED_PREFIX = "unverified-"
 #: Key of the verdicts in the check task's metadata (sent with its task-finished message).
 VERDICTS = "goblin-verdicts"
-#: Scheduler handler the lab worker asks how to verify a replica-method result.
-from goblin_dask.node.rpc import POLICY as POLICY_HANDLER  # noqa: E402
 #: Methods a verdict may name (the report's ``by_method`` keys).
 METHODS = ("freivalds", "replica", "sample", "recompute", "trusted")
 #: What ``goblin.verification.method`` may force on every volunteer task instead of the ops' own.
@@ -64,7 +63,7 @@ def unverified_key(key: Any) -> Any:
 
 def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, GraphNode]:
     """Return ``dsk`` with a lab-side check after every volunteer-placed catalog task."""
-    forced = dask.config.get("goblin.verification.method", None)
+    forced = settings.get("goblin.verification.method")
     if forced is not None and forced not in OVERRIDES:
         raise ValueError(f"goblin.verification.method = {forced!r}: one of {sorted(OVERRIDES)} or None")
     out: dict[Any, GraphNode] = {}
