@@ -161,7 +161,8 @@ def _verified_by_volunteers(lab, before) -> dict:
 @pytest.mark.slow
 def test_captured_models_on_the_grid_are_computed_by_volunteers_and_verified(lab, residual, gpt_masked):
     # The small models' products are far below the default min-flops: send them to volunteers anyway.
-    with dask.config.set({"goblin.placement.min-flops": 0, "goblin.placement.min-intensity": 0}):
+    with dask.config.set({"goblin.placement.min-flops": 0, "goblin.placement.min-intensity": 0,
+                          "goblin.placement.min-product-intensity": 0}):
         before = lab.report()
         model, g = gpt_masked
         ids = tokens(3, seed=30)

@@ -72,6 +72,7 @@ def test_layers_larger_than_a_volunteers_budget_are_tiled_and_verified(lab):
     want = reference(model, x, img)
 
     with dask.config.set({"goblin.product.volunteer-memory": "1MB", "goblin.placement.min-flops": 0,
+                          "goblin.placement.min-product-intensity": 0,
                           "goblin.placement.min-intensity": 0}):
         budget = dask.utils.parse_bytes("1MB") * float(settings.get("goblin.product.memory-fraction"))
         whole = 4 * (BATCH * IN + IN * OUT + BATCH * OUT)

@@ -40,6 +40,19 @@ def test_issue_case_cuts_the_inner_axis_first():
     assert product_blocks(1024, 2048, 1024, 8, 1e12, 1, [(True, True, 2048 * 1024 / 4)]) == (1024, 256, 1024)
 
 
+def test_capped_weights_cut_the_output_not_the_inner_axis():
+    """``activations @ weights`` with the weights capped: disjoint output blocks, each checked once,
+    rather than a chain whose full-size partial sums travel out and back at every step."""
+    from goblin_dask.array.linalg import _elements_moved
+
+    for (m, k, n) in ((2048, 256, 768), (2048, 1024, 256), (4096, 512, 2048)):
+        limits = [(False, True, 0.25 * k * n)]
+        bm, bk, bn = product_blocks(m, k, n, 4, 1e12, 2, limits)
+        assert bk == k and bk * bn <= 0.25 * k * n, (m, k, n, bm, bk, bn)
+        chain = (bm, k // 4, n)
+        assert _elements_moved(m, k, n, (bm, bk, bn), 2) < _elements_moved(m, k, n, chain, 2)
+
+
 def test_share_limits_follow_the_lab_arrays():
     import dask
 

@@ -50,8 +50,20 @@ def test_products_go_to_volunteers_once_they_are_worth_the_round_trip():
     assert placement_for(matmul, _aval(16, 16), _aval(16, 16)) == "lab"  # 8e3 flops: checking costs as much
     with dask.config.set({"goblin.placement.min-flops": 1e9}):
         assert placement_for(matmul, _aval(256, 256), _aval(256, 256)) == "lab"
-    with dask.config.set({"goblin.placement.min-flops": 0}):
+    with dask.config.set({"goblin.placement.min-flops": 0, "goblin.placement.min-product-intensity": 0}):
         assert placement_for(matmul, _aval(2, 2), _aval(2, 2)) == "volunteer"
+
+
+def test_products_whose_check_costs_about_as_much_stay_on_the_lab():
+    matmul = get("matmul")
+    f32 = np.dtype("float32")
+    heads = Aval((64, 128, 64), f32), Aval((64, 64, 128), f32)  # attention scores: 64 flops per element
+    assert placement_for(matmul, *heads) == "lab"
+    assert placement_for(matmul, Aval((2048, 256), f32), Aval((256, 192), f32)) == "volunteer"  # ~208
+    assert placement_for(matmul, _aval(128, 128), _aval(128, 128)) == "volunteer"  # float64: ~85 >= 64
+    assert placement_for(matmul, Aval((128, 128), f32), Aval((128, 128), f32)) == "lab"  # float32: ~85 < 128
+    with dask.config.set({"goblin.placement.min-product-intensity": 0}):
+        assert placement_for(matmul, *heads) == "volunteer"
 
 
 def test_elementwise_ops_stay_on_the_lab_unless_compute_dense_enough():

@@ -84,6 +84,32 @@ def test_float32_single_element_off_by_1e_3_is_detected_at_large_sizes():
         assert not check_product(corrupt("element", c, {}), a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stacked_products_are_checked_at_once_and_every_entry_counts(dtype):
+    """Attention-shaped stacks (64 entries) go through the stacked check; one wrong element of one
+    entry, a wrong entry, a NaN where numpy has none, or an honest NaN all get their right verdict."""
+    a = RNG.standard_normal((16, 4, 128, 64)).astype(dtype)
+    b = RNG.standard_normal((16, 4, 64, 128)).astype(dtype)
+    c = a @ b
+    assert check_product(c, a, b)
+    for e in (0, 37, 63):
+        wrong = c.copy()
+        wrong.reshape(64, 128, 128)[e, 5, 9] *= dtype(1 + 1e-3)
+        assert not check_product(wrong, a, b), e
+    wrong = c.copy()
+    wrong[3, 2] = b[3, 2].T @ a[3, 2].T  # another entry's numbers in the right shape
+    assert not check_product(wrong, a, b)
+    nan = c.copy()
+    nan[1, 1, 0, 0] = np.nan
+    assert not check_product(nan, a, b)
+    a_nan = a.copy()
+    a_nan[2, 3, 7, 0] = np.nan  # NaN in an operand: numpy's row of NaNs is the honest answer
+    assert check_product(a_nan @ b, a_nan, b)
+    bias = RNG.standard_normal((128,)).astype(dtype)  # with an accumulator, broadcast
+    assert check_product(bias + a @ b, a, b, bias)
+    assert not check_product(bias + a @ b + dtype(1e-2), a, b, bias)
+
+
 def test_an_honest_but_less_accurate_kernel_is_recomputed_never_rejected():
     """Rounding errors 50 times BLAS's (but within what theory allows): suspicious, then cleared by the lab."""
     a, b = _operands("normal", 600, np.float32)

@@ -18,8 +18,10 @@ sends a volunteer more than that share of any lab array's elements.  The operand
 lab arrays (:func:`goblin_dask.array.sources.lab_arrays`) bound the panels: for each
 lab array L, ``bm*bk`` (if A may hold L's elements) plus ``bk*bn`` (if B may) stays
 within ``max-share * |L|`` (the sum, since ``A.T @ A`` sends two panels of the same
-array); the inner step ``bk`` is cut first (a longer chain), output blocks only when
-the steps would get thinner than a quarter of the blocks.  The lab node checks every
+array).  Two ways fit the cap: cutting the inner step ``bk`` (a longer chain, output
+blocks cut only when the steps would get thinner than a quarter of the blocks), or
+cutting only the output blocks along the capped operand (``activations @ weights``: no
+partial sums travel); the one moving fewer elements in no more tasks wins.  The lab node checks every
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
 every block) are not capped.
@@ -74,16 +76,32 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     ``limits``: ``(in_a, in_b, elements)`` per lab array: a task's ``bm*bk`` (when A may
     hold the array's elements) plus ``bk*bn`` (when B may) stays within ``elements``.
     """
-    bm, bk, bn = _memory_blocks(m, k, n, itemsize, budget, workers)
+    memory = _memory_blocks(m, k, n, itemsize, budget, workers)
     limits = [(bool(ia), bool(ib), float(el)) for ia, ib, el in limits if ia or ib]
     if not limits:
-        return bm, bk, bn
+        return memory
+    chain = _inner_cut(k, memory, limits)
+    outputs = _output_cut(memory, limits)
+    if outputs is None:
+        return chain
+    # Cutting the output instead of the inner axis: the same number of tasks or fewer, and less to move
+    # (``activations @ weights`` with the weights capped: no accumulator travelling through a chain).
+    tasks = [_tasks(m, k, n, blocks) for blocks in (chain, outputs)]
+    moved = [_elements_moved(m, k, n, blocks, workers) for blocks in (chain, outputs)]
+    return outputs if tasks[1] <= tasks[0] and moved[1] < moved[0] else chain
 
-    def capped(bm, bn):
-        return min(int(el // (ia * bm + ib * bn)) for ia, ib, el in limits)
 
+def _capped(bm: int, bn: int, limits: list) -> int:
+    """The longest inner step the caps allow for ``bm x bn`` output blocks."""
+    return min(int(el // (ia * bm + ib * bn)) for ia, ib, el in limits)
+
+
+def _inner_cut(k: int, blocks: tuple, limits: list) -> tuple[int, int, int]:
+    """Within the caps by cutting the inner axis first (a longer chain of ``matmul_accumulate``),
+    the output blocks only once the steps would get thinner than a quarter of the blocks."""
+    bm, bk, bn = blocks
     while True:
-        cap = capped(bm, bn)
+        cap = _capped(bm, bn, limits)
         if cap >= bk:
             return bm, bk, bn
         if cap >= max(1, min(bm, bn, k) // 4) or max(bm, bn) <= 1:
@@ -92,6 +110,38 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
             bm = max(1, bm // 2)
         else:
             bn = max(1, bn // 2)
+
+
+def _output_cut(blocks: tuple, limits: list) -> tuple[int, int, int] | None:
+    """Within the caps by cutting only the output blocks along the capped operands (the inner step
+    kept whole); None when they would get thinner than ``MIN_BLOCK`` (or the whole extent, if less)."""
+    bm, bk, bn = blocks
+    floor_m, floor_n = min(MIN_BLOCK, bm), min(MIN_BLOCK, bn)
+    while _capped(bm, bn, limits) < bk:
+        shrink_m = any(ia for ia, _, _ in limits) and bm > floor_m
+        shrink_n = any(ib for _, ib, _ in limits) and bn > floor_n
+        if not (shrink_m or shrink_n):
+            return None
+        if shrink_m and (bm >= bn or not shrink_n):
+            bm = max(floor_m, bm // 2)
+        else:
+            bn = max(floor_n, bn // 2)
+    return bm, bk, bn
+
+
+def _tasks(m: int, k: int, n: int, blocks: tuple) -> int:
+    bm, bk, bn = blocks
+    return math.ceil(m / bm) * math.ceil(k / bk) * math.ceil(n / bn)
+
+
+def _elements_moved(m: int, k: int, n: int, blocks: tuple, workers: int) -> int:
+    """Elements a blocked product moves between the lab and volunteers: each panel once per
+    volunteer thread that needs it (dask keeps a fetched input while its tasks remain), each
+    partial result out and back in along a chain, each output block out."""
+    bm, bk, bn = blocks
+    steps = math.ceil(k / bk)
+    return (m * k * min(math.ceil(n / bn), workers) + k * n * min(math.ceil(m / bm), workers)
+            + (2 * steps - 1) * m * n)
 
 
 def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int) -> tuple[int, int, int]:

@@ -7,7 +7,12 @@ The rule, per task (block), from the op's declared cost and verification method:
 
 * ``Freivalds`` (products): checking is O(n^2) against O(n^3) to compute: volunteer,
   once the task has at least ``min_flops`` of work (``goblin.placement.min-flops``,
-  default 1e6; below that the round trip costs more than the product).
+  default 1e6; below that the round trip costs more than the product) and enough flops per
+  element of its operands and result (``goblin.placement.min-product-intensity``, default
+  64 for float64, twice that for float32 whose products run twice as fast).  A check reads
+  every element of A, B and C (in float64), so a product with a short inner axis (attention
+  scores of 64-wide heads: 64 flops per element) costs the lab more to check than to compute:
+  measured, a check takes about ``150 / (flops per element)`` of a float32 product's time.
 * ``Recompute()`` / ``Exact()``: checking *is* computing it again, so these ops are
   declared lab-only (layout, creation, selections, comparisons).
 * ``Replica()``: two volunteers compute, the lab only compares.  Worth it when the task
@@ -32,9 +37,13 @@ def placement_for(op: OpSpec, *operands: Any, **params: Any) -> str:
     min_flops = float(settings.get("goblin.placement.min-flops"))
     min_intensity = float(settings.get("goblin.placement.min-intensity"))
     cost = op.cost_of(*operands, **params)
+    avals = [Aval.of(o) for o in operands]
     if isinstance(op.verify, Freivalds):
-        return "volunteer" if cost.flops >= min_flops else "lab"
-    shipped = sum(a.nbytes for a in (Aval.of(o) for o in operands) if not a.weak)
+        itemsize = max((a.dtype.itemsize for a in avals if not a.weak), default=8)
+        per_element = cost.flops / max(cost.bytes / itemsize, 1.0)
+        wanted = float(settings.get("goblin.placement.min-product-intensity")) * 8 / itemsize
+        return "volunteer" if cost.flops >= min_flops and per_element >= wanted else "lab"
+    shipped = sum(a.nbytes for a in avals if not a.weak)
     if shipped == 0 and op.arity == 0:
         return "volunteer"
     return "volunteer" if cost.flops >= min_flops and cost.intensity >= min_intensity else "lab"

@@ -116,6 +116,9 @@ def check_product(c, a, b, c0=None, *, k: int | None = None, rng: np.random.Gene
     c02 = None if c0 is None else c0.reshape(full)
     a_b = np.broadcast_to(a2, full[:-2] + a2.shape[-2:])
     b_b = np.broadcast_to(b2, full[:-2] + b2.shape[-2:])
+    if c.dtype.kind == "f" and _check_stack(c2, a_b, b_b, c02, k=k, rng=rng):
+        return Verdict(True)
+    # Not real floating point, not finite, or suspicious: entry by entry, each decided as a 2-d product.
     for idx in np.ndindex(*full[:-2]):
         if not _check_2d(c2[idx], a_b[idx], b_b[idx], None if c02 is None else c02[idx], k=k, rng=rng):
             return Verdict(False)
@@ -160,6 +163,74 @@ def _check_2d(c, a, b, c0, *, k, rng) -> Verdict:
         return Verdict(True)
     # Suspicious: the lab computes the product itself and decides entry by entry.
     return _decide(c, a_full, b_full, c0, part, a, b, u, work)
+
+
+#: Elements of float64 temporaries a stacked check works on at a time (about 32 MiB).
+_STACK_ELEMENTS = 1 << 22
+
+
+def _check_stack(c, a, b, c0, *, k, rng) -> bool:
+    """The projected test on a stack of real products at once (attention scores, ``bmm``): True accepts.
+
+    The same test as a 2-d check, entry by entry in NumPy's stacked products rather than a
+    Python loop (a loop costs more than the products at attention sizes).  False is not a
+    rejection: the caller then decides entry by entry (non-finite data, miscalibration, cheating).
+    """
+    m, inner, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if c.size == 0:
+        return True
+    stack = (-1, m, inner), (-1, inner, n), (-1, m, n)
+    a3, b3, c3 = (np.reshape(x, sh) for x, sh in zip((a, b, c), stack))
+    c03 = None if c0 is None else np.reshape(c0, stack[2])
+    per_entry = max(1, m * inner + inner * n + 2 * m * n)
+    group = max(1, _STACK_ELEMENTS // per_entry)
+    vectors = k or vectors_for()
+    for lo in range(0, c3.shape[0], group):
+        part = slice(lo, lo + group)
+        if not _freivalds_stack(c3[part], a3[part], b3[part], None if c03 is None else c03[part],
+                                vectors, rng):
+            return False
+    return True
+
+
+def _freivalds_stack(c, a, b, c0, vectors: int, rng: np.random.Generator) -> bool:
+    """:func:`_freivalds` (with :func:`_calibrate`) over a stack ``(entries, rows, cols)`` in float64."""
+    u, inner = _unit_roundoff(c.dtype), a.shape[-1]
+    with np.errstate(all="ignore"):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        a_n2 = np.einsum("eij,eij->ei", a64, a64)
+        b_n2 = np.einsum("eij,eij->ej", b64, b64)
+        if not (np.isfinite(a_n2).all() and np.isfinite(b_n2).all()):
+            return False
+        if c0 is not None and not np.isfinite(c0).all():
+            return False
+        if u > 1e3 * _U64:  # measure the honest kernel's error on a few rows of every entry
+            rows = rng.choice(a.shape[1], size=min(CALIBRATION_ROWS, a.shape[1]), replace=False)
+            err = np.matmul(a[:, rows], b).astype(np.float64) - a64[:, rows] @ b64
+            err2 = np.einsum("eij,eij->ei", err, err)
+            scale2 = a_n2[:, rows] * b_n2.sum(axis=1)[:, None]
+            ratio = np.sqrt(np.where(scale2 > 0, err2, 0.0) / np.where(scale2 > 0, scale2, 1.0))
+            measured = ratio.max(axis=1)
+            rho = np.where(np.isfinite(measured), np.maximum(measured, u / 4), math.sqrt(inner) * u)
+        else:
+            rho = np.full(a.shape[0], math.sqrt(inner) * u)
+        r = rng.standard_normal((a.shape[0], b.shape[2], vectors))
+        r2 = r * r
+        r_norm = np.sqrt(r2.sum(axis=1))[:, None, :]
+        br = b64 @ r
+        d = c.astype(np.float64) if c0 is None else c.astype(np.float64) - c0.astype(np.float64)
+        residual = d @ r - a64 @ br
+        a_norm = np.sqrt(a_n2)[:, :, None]
+        tol = Z * rho[:, None, None] * a_norm * np.sqrt(b_n2[:, None, :] @ r2)
+        check = 2 * np.sqrt(b_n2.sum(axis=1))[:, None, None] * r_norm + np.sqrt((br * br).sum(axis=1))[:, None, :]
+        tol += LAMBDA * math.sqrt(max(inner, b.shape[2])) * _U64 * a_norm * check
+        if c0 is not None:
+            c0_norm = np.sqrt(np.einsum("eij,eij->ei", c0, c0, dtype=np.float64))[:, :, None]
+            d_norm = np.sqrt(np.einsum("eij,eij->ei", d, d))[:, :, None]
+            tol += (Z * u * (c0_norm + d_norm)
+                    + LAMBDA * math.sqrt(max(inner, b.shape[2])) * _U64 * (2 * c0_norm + d_norm) * r_norm)
+        tol += _TINY
+        return bool(np.isfinite(tol).all() and np.all(np.abs(residual) <= tol))
 
 
 def _decide(c, a, b, c0, part, a_good, b_good, u: float, work: np.dtype) -> Verdict:
