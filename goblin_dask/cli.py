@@ -29,11 +29,18 @@ def _state_dir_option(f):
 @click.option("--port", default=8786, type=int, help="scheduler port (0: any free port)")
 @click.option("--dashboard-port", default=8787, type=int, help="dashboard and HTTP port (0: any free port)")
 @click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
+@click.option("--lab-worker/--no-lab-worker", default=True,
+              help="also run the trusted lab worker, which holds the lab's data and checks results (default: on)")
+@click.option("--lab-threads", default=2, type=int, help="task threads of the lab worker")
+@click.option("--lab-memory-limit", default="auto", help='memory limit of the lab worker ("auto": the machine\'s)')
+@click.option("--lab-worker-port", default=0, type=int,
+              help="port volunteers reach the lab worker on (0: any free port; open it in the lab's firewall)")
 @_state_dir_option
-def node(host, port, dashboard_port, no_dashboard, state_dir):
-    """Run a lab node (scheduler with the goblin plugins) in the foreground."""
+def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_memory_limit, lab_worker_port,
+         state_dir):
+    """Run a lab node (scheduler with the goblin plugins, and its lab worker) in the foreground."""
     from goblin_dask.node.process import run_async
-    from goblin_dask.node.scheduler import serve_node
+    from goblin_dask.node.scheduler import LabWorkerOptions, serve_node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
 
@@ -46,7 +53,9 @@ def node(host, port, dashboard_port, no_dashboard, state_dir):
         click.echo(f"  goblin volunteer {info['address']} --token CREDENTIAL")
         sys.stdout.flush()
 
-    run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready))
+    options = LabWorkerOptions(lab_threads, lab_memory_limit, lab_worker_port) if lab_worker else None
+    run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready,
+                         lab_worker=options))
 
 
 @main.command("lab-worker", hidden=True)

@@ -10,12 +10,17 @@ import subprocess
 import sys
 import urllib.request
 
+import dask
 import numpy as np
 import pytest
 
+import goblin_dask.array as ga
+
 from goblin_dask.credentials import admin_credential, issue_credential
 from goblin_dask.node.local import LabNode, LabNodeStartError
+from goblin_dask.node import rpc
 from goblin_dask.node.scheduler import read_node_file
+from goblin_dask.roles import LAB_WORKER_NAME
 from goblin_dask.tls import Credential
 from tests.conftest import assemble, blocked_product_graph, wait_for
 
@@ -147,11 +152,26 @@ def test_cli_node_enroll_volunteer_revoke(tmp_path):
         volunteer = subprocess.Popen(goblin + ["volunteer", address, "--token", token, "--host", "127.0.0.1"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         with Client(address, timeout=60, security=admin_credential(state).security()) as client:
-            wait_for(lambda: any(w["name"] == "alice" for w in client.scheduler_info()["workers"].values()),
-                     "alice to join")
+            def names():
+                return sorted(w["name"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
+
+            wait_for(lambda: names() == sorted(["alice", LAB_WORKER_NAME]), "alice and the node's lab worker to join")
+            # the node's own lab worker holds the data and checks alice's products
+            rng = np.random.default_rng(5)
+            a, b = rng.standard_normal((600, 500)), rng.standard_normal((500, 400))
+            with dask.config.set({"goblin.product.volunteer-memory": 2_000_000}):
+                c = ga.from_array(a, chunks=200) @ ga.from_array(b, chunks=200)
+            np.testing.assert_allclose(c.compute(), a @ b, rtol=1e-10, atol=1e-10)
+            report = client.sync(getattr(client.scheduler, rpc.REPORT))
+            assert report["volunteers"]["alice"]["accepted"] > 0, report
             out = subprocess.run(goblin + ["revoke", "alice"], env=env, capture_output=True, text=True, check=True)
             assert "disconnected 1" in out.stdout
-            wait_for(lambda: not client.scheduler_info()["workers"], "alice to be disconnected")
+            wait_for(lambda: names() == [LAB_WORKER_NAME], "alice to be disconnected")
+            # the node starts its lab worker again when it dies
+            (lab_address,) = client.scheduler_info(n_workers=-1)["workers"]
+            os.kill(client.run(os.getpid, workers=[lab_address])[lab_address], signal.SIGKILL)
+            wait_for(lambda: list(client.scheduler_info(n_workers=-1)["workers"]) not in ([], [lab_address])
+                     and names() == [LAB_WORKER_NAME], "the lab worker to be started again")
         assert volunteer.wait(60) is not None
     finally:
         for p in (node, volunteer):

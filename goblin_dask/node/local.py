@@ -108,7 +108,8 @@ class LabNode:
         return LabNodeStartError(f"lab node part '{part}' {what}; last lines of its log:\n" + "\n".join(tail))
 
     def _start_scheduler(self, dashboard: bool, timeout: float) -> None:
-        args = ["-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0", "--state-dir", str(self.state_dir)]
+        args = ["-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0", "--state-dir", str(self.state_dir),
+                "--no-lab-worker"]  # started below, as a part of its own (its log, its process)
         args += ["--dashboard-port", "0"] if dashboard else ["--no-dashboard"]
         (self.state_dir / NODE_FILE).unlink(missing_ok=True)
         inherited = dask.config.serialize({"goblin": dask.config.get("goblin")})

@@ -6,16 +6,19 @@ link, pid), which the ``goblin`` commands and :class:`~goblin_dask.node.local.La
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask
 
 from goblin_dask.node.process import close_on_signals
 
 NODE_FILE = "node.json"
+logger = logging.getLogger("goblin_dask.node")
 
 
 def default_state_dir() -> Path:
@@ -38,9 +41,22 @@ def _write_node_file(state_dir: Path, info: dict[str, Any]) -> None:
     tmp.replace(state_dir / NODE_FILE)
 
 
+class LabWorkerOptions(NamedTuple):
+    """How ``goblin node`` runs its trusted lab worker (see :func:`serve_node`)."""
+
+    nthreads: int = 2
+    memory_limit: str = "auto"
+    port: int = 0  # the port volunteers reach it on (their standby connections)
+
+
 async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir: str | os.PathLike,
-                     ready=None) -> None:
-    """Run the lab node's scheduler until it is closed (``goblin node``)."""
+                     ready=None, lab_worker: LabWorkerOptions | None = None) -> None:
+    """Run the lab node's scheduler until it is closed (``goblin node``).
+
+    ``lab_worker``: also run the trusted lab worker (a child process, restarted if it dies):
+    the lab's data, its checks and its lab-only ops run there, so a node without one computes
+    nothing.  None: the caller starts it (``LabNode.local`` does, with its own log).
+    """
     from distributed import Scheduler
 
     import scheduler_plugins
@@ -66,10 +82,53 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
         _write_node_file(state_dir, info)
         if ready is not None:
             ready(info)
+        supervisor = None
+        if lab_worker is not None:
+            supervisor = asyncio.ensure_future(_supervise_lab_worker(scheduler.address, host, state_dir, lab_worker))
         try:
             await scheduler.finished()
         finally:
+            if supervisor is not None:
+                supervisor.cancel()
+                await asyncio.gather(supervisor, return_exceptions=True)
             (state_dir / NODE_FILE).unlink(missing_ok=True)
+
+
+async def _supervise_lab_worker(address: str, host: str, state_dir: Path, options: LabWorkerOptions) -> None:
+    """Run the lab worker as a child process until cancelled; start it again when it dies
+    (its log: ``STATE_DIR/logs/lab-worker.log``)."""
+    import subprocess
+    import sys
+
+    from goblin_dask.credentials import issue_credential
+    from goblin_dask.roles import LAB_WORKER_NAME
+
+    credential = issue_credential(state_dir, "lab", LAB_WORKER_NAME).save(state_dir / "lab-worker.credential")
+    (state_dir / "logs").mkdir(exist_ok=True, mode=0o700)
+    args = [sys.executable, "-m", "goblin_dask.cli", "lab-worker", address, "--credential", str(credential),
+            "--nthreads", str(options.nthreads), "--memory-limit", str(options.memory_limit), "--host", host,
+            "--port", str(options.port)]
+    delay = 1.0
+    while True:
+        with open(state_dir / "logs" / "lab-worker.log", "ab") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        started = asyncio.get_running_loop().time()
+        try:
+            while proc.poll() is None:
+                await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), 10)
+            except asyncio.TimeoutError:
+                proc.kill()
+            raise
+        ran = asyncio.get_running_loop().time() - started
+        delay = 1.0 if ran > 60 else min(delay * 2, 60.0)
+        logger.warning("lab worker exited with code %s after %.0f s; starting it again in %.0f s",
+                       proc.returncode, ran, delay)
+        await asyncio.sleep(delay)
 
 
 def _dashboard_link(scheduler, host: str) -> str | None:
