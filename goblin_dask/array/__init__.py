@@ -25,6 +25,7 @@ from goblin_dask.array.nn import (
 from goblin_dask.array.placement import placement_for
 from goblin_dask.array.composite import fmod, hardsigmoid, hardswish, one_hot, tril, triu
 from goblin_dask.array.scan import cumprod, cumsum, nancumprod, nancumsum
+from goblin_dask.array.rolling import sliding_window_view  # also routes xarray's rolling windows here
 from goblin_dask.array.reductions import (
     all, allclose, any, argmax, argmin, array_equal, max, mean, min, nanargmax, nanargmin, nanmax, nanmean, nanmin,
     nanprod, nanstd, nansum, nanvar, prod, std, sum, var,
@@ -41,6 +42,7 @@ __all__ = [
     "tensordot", "transpose", "var", "zeros", "zeros_like",
 ]
 __all__ += ["cumprod", "cumsum", "nancumprod", "nancumsum", "pad", "take"]
+__all__ += ["sliding_window_view"]
 __all__ += ["fmod", "hardsigmoid", "hardswish", "one_hot", "tril", "triu"]
 __all__ += _ufuncs.__all__
 from goblin_dask.array import nn as _nn  # noqa: E402

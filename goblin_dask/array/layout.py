@@ -86,6 +86,8 @@ def getitem(x: Array, index: Any) -> Array:
     if any(_is_array_index(i) for i in entries):
         return _array_getitem(x, entries)
     index = _normalize_index(index, x.shape)
+    if all(isinstance(i, slice) and i.indices(n) == (0, n, 1) for i, n in zip(index, x.shape)) and len(index) == x.ndim:
+        return x  # nothing selected away (xarray's isel with stride 1): the same array, as dask.array does
     out_axes: list[list[tuple]] = []  # per output axis: (input block, local slice, size) in output order
     entries: list[tuple] = []  # per index entry: ("new",) | ("slice", axis, output axis) | ("int", axis, block, offset)
     d = 0

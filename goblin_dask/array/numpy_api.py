@@ -75,6 +75,12 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
 
 
 def array_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
+    if args and getattr(args[0], "_windows_of", None) is not None:  # a sliding-window view reduced over its windows
+        from goblin_dask.array.rolling import fused_numpy_call
+
+        fused = fused_numpy_call(func, args, kwargs)
+        if fused is not None:
+            return fused
     impl = HANDLED.get(func)
     if impl is None:
         raise TypeError(f"numpy.{func.__name__} is not supported on ga.Array: it is not a goblin catalog operation")

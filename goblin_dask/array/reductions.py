@@ -68,6 +68,12 @@ def _finish(x: Array, name: str, layer: dict, axes: tuple, keepdims: bool, dtype
 def _simple(opname: str, x: Any, axis: Any, keepdims: bool, dtype: Any = None) -> Array:
     """A reduction op whose partials merge with its ``combine`` op (sum, prod, max, min, any, all)."""
     x = asarray(x)
+    if getattr(x, "_windows_of", None) is not None:  # a sliding-window view reduced over its windows: fused
+        from goblin_dask.array.rolling import fused_rolling
+
+        fused = fused_rolling(opname, x, axis, keepdims, dtype)
+        if fused is not None:
+            return fused
     params = {"dtype": np.dtype(dtype).name} if dtype is not None and opname in ("sum", "prod") else {}
     op = get(opname)
     out = op.abstract_eval(x.aval, axis=axis, keepdims=keepdims, **params)  # errors before dispatch

@@ -41,6 +41,7 @@ from goblin_dask.ops import (  # noqa: E402,F401  isort: skip
     nn,
     random,
     reductions,
+    rolling,
     scan,
 )
 from goblin_dask.ops.kernels import warm_up  # noqa: E402
