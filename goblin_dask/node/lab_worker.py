@@ -7,6 +7,7 @@ this module imports ``distributed``'s worker: only the lab worker's process does
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 
@@ -63,6 +64,15 @@ class LabWorker(Worker):
         return event
 
 
+def _warm_up() -> None:
+    from goblin_dask import ops
+
+    try:
+        logger.info("%d numba kernels ready", ops.warm_up())
+    except Exception as e:  # a kernel that cannot compile here compiles (or fails) where it is used
+        logger.warning("warming up the catalog's kernels failed: %s", e)
+
+
 async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memory_limit, host: str | None,
                            local_directory: str | None = None, port: int = 0) -> None:
     """Run the trusted lab worker: it holds the lab's data and runs glue and checks."""
@@ -92,6 +102,9 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
             logger.warning("could not report the refusal of volunteer %s to the scheduler: %s", name, e)
 
     link.set_refusal_handler(report_refusal)
+    # The catalog's numba kernels (the lab-only ops, and any volunteer op the lab computes itself)
+    # compile or load from numba's cache in the background, not in a researcher's first computation.
+    threading.Thread(target=_warm_up, name="goblin-warm-up", daemon=True).start()
     async with worker:
         close_on_signals(worker)
         await worker.finished()
