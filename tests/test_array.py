@@ -173,6 +173,26 @@ def test_blocked_product_accumulates_along_k_within_the_memory_budget():
     assert product_blocks(8192, 8192, 8192, 8, 3e9, 2) == (4096, 8192, 4096)
 
 
+def test_matmul_add_folds_the_bias_into_each_blocks_first_step():
+    from collections import Counter
+
+    from goblin_dask.array.linalg import matmul_add
+
+    a, b, bias = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200)), RNG.standard_normal(200)
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):  # k split: a chain per output block
+        z = matmul_add(ga.from_array(a), ga.from_array(b), ga.from_array(bias, chunks=70))
+    ops = Counter(v.op.name for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask))
+    assert "add" not in ops and "matmul" not in ops and ops["matmul_accumulate"] >= 2, ops
+    close(ev(z), a @ b + bias)
+    # not a bias row of b's width (a full matrix, a wider dtype): the product, then an add, as NumPy
+    full = RNG.standard_normal((300, 200))
+    close(ev(matmul_add(ga.from_array(a), ga.from_array(b), ga.from_array(full))), a @ b + full)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    wide = matmul_add(ga.from_array(a32), ga.from_array(b32), ga.from_array(bias))
+    assert wide.dtype == np.float64
+    close(ev(wide), (a32 @ b32).astype(np.float64) + bias, rtol=1e-5, atol=1e-4)
+
+
 def test_tensordot_einsum_dot():
     a, b = RNG.standard_normal((4, 5, 6)), RNG.standard_normal((6, 5, 3))
     x, y = ga.from_array(a, chunks=(3, 2, 4)), ga.from_array(b, chunks=(4, 5, 2))

@@ -220,7 +220,7 @@ def test_transformer_with_token_ids_and_gru():
 
 def test_ops(mlp, mixed):
     _, g = mlp
-    assert {"matmul", "add", "relu"} <= g.ops and g.ops <= set(catalog())
+    assert {"matmul_accumulate", "relu"} <= g.ops and g.ops <= set(catalog())  # Linear: bias + x @ W.T in one op
     _, m = mixed
     assert {"gelu", "elu", "leaky_relu", "where", "clip", "max", "sum", "reshape", "transpose", "greater",
             "astype"} <= m.ops

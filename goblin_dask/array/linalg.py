@@ -199,15 +199,36 @@ def matmul(x1: Any, x2: Any, /) -> Array:
     return _batched(a, b, out)
 
 
-def _matmul2(a: Array, b: Array) -> Array:
+def matmul_add(a: Any, b: Any, bias: Any) -> Array:
+    """``bias + a @ b`` for 2-d ``a``, ``b`` and a bias row of ``b``'s width (a linear layer, torch's
+    ``addmm``): the bias enters each output block's first product step (``matmul_accumulate``, the
+    same rounding as adding it after), so no separate add task per block follows the product."""
+    a, b, bias = asarray(a), asarray(b), asarray(bias)
+    out = get("matmul").abstract_eval(a.aval, b.aval)
+    fold = (a.ndim == b.ndim == 2 and bias.ndim == 1 and bias.shape == (b.shape[1],)
+            and np.result_type(bias.dtype, out.dtype) == out.dtype)
+    if not fold:
+        from goblin_dask.array.ufuncs import add
+
+        return add(matmul(a, b), bias)
+    return _matmul2(a, b, bias)
+
+
+def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     (m, k), n = a.shape, b.shape[1]
     dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
     budget, workers = volunteer_capacity()
     frac = float(settings.get("goblin.product.memory-fraction"))
     bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
+    if bias is not None and not _within_share(bias, bn):  # a task would hold too much of a large lab bias
+        from goblin_dask.array.ufuncs import add
+
+        return add(_matmul2(a, b), bias)
     a = rechunk(a, (even_blocks(m, bm), even_blocks(k, bk)))
     b = rechunk(b, (even_blocks(k, bk), even_blocks(n, bn)))
-    name = new_name("matmul", a.name, b.name)
+    if bias is not None:
+        bias = rechunk(bias, (b.chunks[1],))
+    name = new_name("matmul", a.name, b.name, *(() if bias is None else (bias.name,)))
     layer = {}
     nk = a.numblocks[1]
     for i in range(a.numblocks[0]):
@@ -216,7 +237,10 @@ def _matmul2(a: Array, b: Array) -> Array:
             for kk in range(nk):
                 key = block_key(name, (i, j)) if kk == nk - 1 else part_key(name, "partial", i, j, kk)
                 ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
-                if acc is None:
+                if acc is None and bias is not None:
+                    layer[key] = catalog_task(key, "matmul_accumulate", bias.ref((j,)), a.ref((i, kk)),
+                                              b.ref((kk, j)), avals=[bias.block_aval((j,)), ab, bb])
+                elif acc is None:
                     layer[key] = catalog_task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
                 else:
                     cav = Aval((ab.shape[0], bb.shape[1]), dtype)
@@ -225,7 +249,16 @@ def _matmul2(a: Array, b: Array) -> Array:
                 from dask._task_spec import TaskRef
 
                 acc = TaskRef(key)
-    return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype, dependencies=[a, b])
+    return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype,
+                      dependencies=[a, b] + ([] if bias is None else [bias]))
+
+
+def _within_share(bias: Array, bn: int) -> bool:
+    """Does a ``bn``-long piece of ``bias`` stay within max-share of every lab array it may hold?"""
+    from goblin_dask.array.sources import lab_arrays, share_cap
+
+    caps = [share_cap(size) for size in lab_arrays(bias).values()]
+    return all(cap is None or bn <= cap for cap in caps)
 
 
 def _batched(a: Array, b: Array, out: Aval) -> Array:
