@@ -17,6 +17,10 @@ spent, and (grid) a breakdown from the task stream: volunteer compute, block tra
 Freivalds checks on the lab worker, gather to the client.
 
 Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/venv/bin/python benchmarks/matmul.py``
+
+``--from-numpy`` runs issue 19's case instead (:func:`from_numpy_case`): ``ga.from_array`` of numpy
+inputs, no persist, ``compute()`` twice, next to numpy and to plain dask with persisted inputs,
+with the load average before and after each column (its own RESULTS.md section).
 """
 
 from __future__ import annotations
@@ -305,6 +309,157 @@ def timed_persist(label: str, persist, repeats: int, loads: list, what: str) -> 
     return min(times) if times else None
 
 
+SECTION_19 = "## Matrix product from numpy inputs (issue 19)"
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def from_numpy_case(n: int, dt, *, chunks: int, repeats: int, node, dclient, rng, log: list) -> dict:
+    """Issue 19's case: ``ga.from_array`` of numpy inputs, no persist, ``compute()`` twice.
+
+    Columns, each with the load average before and after: numpy 2 threads (best of ``repeats``);
+    the grid's first compute (``from_array`` of both inputs, hashing and upload to the lab worker
+    included) and second compute of the same expression (reuses the lab's copies); plain dask on
+    the 2x1 LocalCluster with its inputs persisted first (best of ``repeats``).
+    """
+    import threadpoolctl
+    import dask.array as da
+    from distributed import wait
+
+    import goblin_dask.array as ga
+
+    a = rng.standard_normal((n, n)).astype(dt)
+    b = rng.standard_normal((n, n)).astype(dt)
+    row: dict = {"n": n, "dtype": str(dt), "chunks": chunks, "load": {}}
+
+    row["load"]["numpy"] = [_load()]
+    times = []
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ref = a @ b
+            times.append(time.perf_counter() - t)
+    row["load"]["numpy"].append(_load())
+    row["numpy"] = min(times)
+    print(f"  numpy: {', '.join(f'{v:.2f}' for v in times)} s, load {row['load']['numpy']}", flush=True)
+
+    rep0 = node.report()
+    row["load"]["grid"] = [_load()]
+    t = time.perf_counter()
+    x, y = ga.from_array(a, chunks=chunks), ga.from_array(b, chunks=chunks)
+    row["grid_from_array"] = time.perf_counter() - t
+    z = x @ y
+    c = z.compute()
+    row["grid_first"] = time.perf_counter() - t
+    row["grid_err_first"] = max_rel_error(c, ref)
+    del c
+    row["load"]["grid"].append(_load())
+    row["load"]["grid2"] = [_load()]
+    t = time.perf_counter()
+    c = z.compute()
+    row["grid_second"] = time.perf_counter() - t
+    row["load"]["grid2"].append(_load())
+    row["grid_err_second"] = max_rel_error(c, ref)
+    del c, z, x, y
+    rep1 = node.report()
+    row["grid_report"] = {"accepted": rep1["accepted"] - rep0["accepted"], "rejected": rep1["rejected"] - rep0["rejected"]}
+    print(f"  grid: from_array {row['grid_from_array']:.2f} s, first compute (incl. from_array) {row['grid_first']:.2f} s, "
+          f"second {row['grid_second']:.2f} s, err {row['grid_err_first']:.1e}/{row['grid_err_second']:.1e}, "
+          f"{row['grid_report']}, load {row['load']['grid']} {row['load']['grid2']}", flush=True)
+    time.sleep(1.0)
+
+    import warnings
+
+    xd, yd = da.from_array(a, chunks=chunks), da.from_array(b, chunks=chunks)
+    with warnings.catch_warnings():  # dask's own persist embeds the inputs (its "large graph", not timed)
+        warnings.filterwarnings("ignore", message="Sending large graph")
+        xd, yd = dclient.persist([xd, yd])
+        wait([xd, yd])
+    row["load"]["dask"] = [_load()]
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        c = dclient.compute(xd @ yd).result()
+        times.append(time.perf_counter() - t)
+    row["load"]["dask"].append(_load())
+    row["dask"] = min(times)
+    row["dask_err"] = max_rel_error(c, ref)
+    del c, xd, yd
+    print(f"  dask (inputs persisted): {', '.join(f'{v:.2f}' for v in times)} s, load {row['load']['dask']}", flush=True)
+    log.append(row)
+    return row
+
+
+def markdown_19(command: str, info: dict, rows: list[dict], section: str = SECTION_19) -> str:
+    blas = info["numpy_blas"][0] if info["numpy_blas"] else {}
+    fmt = lambda pair: " → ".join(f"{v[0]:.2f}" for v in pair)  # noqa: E731  (1-minute load, before → after)
+    lines = [section, "", f"Command: `{command}`", "",
+             f"Machine: {os.cpu_count()} cores (shared with other work: see the load averages), {_cpu_model()}; "
+             f"BLAS (threadpoolctl): {blas.get('internal_api')} {blas.get('version')}, kernel "
+             f"{blas.get('architecture')}; numpy with 2 threads; grid: LabNode.local(volunteers=2, 1 thread each), "
+             f"`goblin.minimization.max-share` = {info.get('max_share')}; "
+             "dask: LocalCluster 2 workers x 1 thread, inputs persisted first (not timed).  The grid starts from "
+             "numpy arrays, as a new user would: `z = ga.from_array(a, chunks=c) @ ga.from_array(b, chunks=c)`, "
+             "`z.compute()` twice; the first includes `from_array` (hashing both inputs and sending them to the "
+             "lab worker once), the second reuses the lab's copies.  Speed = numpy's time / that time.  Load: "
+             "1-minute load average before → after each column.", "",
+             "| n | dtype | chunks | numpy 2 threads | grid 1st compute (from numpy) | grid 2nd compute | grid 2nd / numpy "
+             "| dask 2x1, persisted | grid 2nd / dask | of which `from_array` | accepted / rejected | max rel. error "
+             "| load: numpy; grid 1st; grid 2nd; dask |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ld = r["load"]
+        lines.append(
+            f"| {r['n']} | {r['dtype']} | {r['chunks']} | {r['numpy']:.2f} s | {r['grid_first']:.2f} s "
+            f"({r['numpy'] / r['grid_first']:.2f}x) | {r['grid_second']:.2f} s | **{r['numpy'] / r['grid_second']:.2f}x** "
+            f"| {r['dask']:.2f} s ({r['numpy'] / r['dask']:.2f}x) | **{r['dask'] / r['grid_second']:.2f}x** "
+            f"| {r['grid_from_array']:.2f} s | {r['grid_report']['accepted']} / {r['grid_report']['rejected']} "
+            f"| {max(r['grid_err_first'], r['grid_err_second']):.1e} "
+            f"| {fmt(ld['numpy'])}; {fmt(ld['grid'])}; {fmt(ld['grid2'])}; {fmt(ld['dask'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_19(args, argv) -> int:
+    """``--from-numpy``: issue 19's case (see :func:`from_numpy_case`), its own RESULTS.md section."""
+    import distributed
+    from distributed import Client, LocalCluster
+
+    import goblin_dask
+
+    import dask
+
+    cases = [(int(c.split(":")[0]), np.dtype(c.split(":")[1])) for c in args.cases.split(",")]
+    info = {"numpy_blas": blas_info()}
+    if args.max_share is not None:  # before the node starts: it takes the caller's goblin.* config
+        dask.config.set({"goblin.minimization.max-share":
+                         None if args.max_share.lower() == "none" else float(args.max_share)})
+    info["max_share"] = dask.config.get("goblin.minimization.max-share", None)
+    print("BLAS, benchmark process (numpy):", info["numpy_blas"], flush=True)
+    rows: list[dict] = []
+    rng = np.random.default_rng(0)
+    with goblin_dask.LabNode.local(volunteers=2, threads_per_volunteer=1) as node, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as dclient:
+        assert distributed.default_client() is node.client
+        for n, dt in cases:
+            chunks = args.chunks or max(n // 4, 1)
+            print(f"\n== n={n} {dt}, chunks={chunks}", flush=True)
+            from_numpy_case(n, dt, chunks=chunks, repeats=args.repeats, node=node, dclient=dclient, rng=rng, log=rows)
+    command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/matmul.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    section = SECTION_19 if args.max_share is None else f"{SECTION_19[:-1]}, max-share {args.max_share})"
+    text = markdown_19(command, info, rows, section)
+    print("\n" + text)
+    if args.write:
+        write_section(section, text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "results": rows}, f, indent=1, default=str)
+    return 0
+
+
 def _sigterm_exits() -> None:
     """SIGTERM (e.g. from ``timeout``) unwinds the with-blocks, so no grid process is left behind."""
     import signal
@@ -328,7 +483,16 @@ def main(argv=None) -> int:
     p.add_argument("--skip-dask", action="store_true", help="leave out the plain dask.array baseline")
     p.add_argument("--write", action="store_true", help="write its section of benchmarks/RESULTS.md")
     p.add_argument("--json", default=None, help="also write all numbers to this file")
+    p.add_argument("--from-numpy", action="store_true",
+                   help="issue 19's case: from numpy inputs, no persist, compute twice (its own section)")
+    p.add_argument("--cases", default="8192:float64,4096:float32", help="with --from-numpy: n:dtype,...")
+    p.add_argument("--chunks", type=int, default=2048, help="with --from-numpy: from_array's chunks (0: n/4)")
+    p.add_argument("--max-share", default=None,
+                   help="with --from-numpy: goblin.minimization.max-share for the node ('none': no cap; default: "
+                        "the configured 0.25, which cuts a product of two lab arrays into 4x as many tasks)")
     args = p.parse_args(argv)
+    if args.from_numpy:
+        return main_19(args, argv)
     global BUSY_THRESHOLD
     BUSY_THRESHOLD = args.busy_threshold
     sizes = [int(s) for s in args.sizes.split(",")]

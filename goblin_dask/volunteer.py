@@ -64,6 +64,7 @@ class RefusedByNode(RuntimeError):
 
 def _volunteer_worker_class():
     from distributed import Worker
+    from distributed.core import Status
     from distributed.worker_state_machine import ExecuteFailureEvent
 
     from goblin_dask.ops import task_violation
@@ -78,8 +79,49 @@ def _volunteer_worker_class():
         """
 
         def __init__(self, *args, **kwargs):
+            self.goblin_paused = False  # the volunteer paused it (goblin volunteer pause): no new tasks
             super().__init__(*args, **kwargs)
             self.goblin_fetched: set = set()
+            self.goblin_done = 0  # tasks it finished
+
+        @property
+        def status(self):
+            return Worker.status.fget(self)
+
+        @status.setter
+        def status(self, value):
+            # distributed's memory monitor unpauses a worker it paused; the volunteer's own pause holds
+            if value == Status.running and getattr(self, "goblin_paused", False):
+                return
+            Worker.status.fset(self, value)
+
+        def goblin_pause(self) -> int:
+            """Take no new tasks: the scheduler gives a paused worker none, and the tasks given but not
+            started go back to the lab (tasks running now finish).  Returns how many went back."""
+            self.goblin_paused = True
+            monitor = self.periodic_callbacks.get("memory_monitor")
+            if monitor is not None:  # it would unpause (and say so every 100 ms): no new tasks, no need
+                monitor.stop()
+            if Worker.status.fget(self) == Status.running:
+                Worker.status.fset(self, Status.paused)  # tells the scheduler (worker-status-change)
+            stimulus = f"goblin-paused-{time.time()}"
+            waiting = [ts.key for ts in self.state.tasks.values()
+                       if ts.state in ("waiting", "ready", "constrained") and ts.run_spec is not None]
+            for key in waiting:  # the scheduler releases them here (free-keys) and places them elsewhere
+                super().batched_send({"op": "reschedule", "key": key, "stimulus_id": stimulus})
+            return len(waiting)
+
+        def goblin_resume(self) -> None:
+            self.goblin_paused = False
+            if Worker.status.fget(self) == Status.paused:
+                Worker.status.fset(self, Status.running)
+            monitor = self.periodic_callbacks.get("memory_monitor")
+            if monitor is not None and not monitor.is_running() and self.status == Status.running:
+                monitor.start()
+
+        def goblin_computing(self) -> list[str]:
+            """The catalog operations it computes now."""
+            return sorted(getattr(getattr(ts.run_spec, "func", None), "name", "?") for ts in list(self.state.executing))
 
         async def listen(self, port_or_addr=None, allow_offload=True, **kwargs):
             # the nat listener opens no socket: it dials the lab node with the worker's own credential
@@ -100,6 +142,8 @@ def _volunteer_worker_class():
             if op == "task-erred":
                 msg = {**msg, "exception": None, "traceback": None}
             super().batched_send(msg)
+            if op == "task-finished":
+                self.goblin_done += 1
             if op in ("task-finished", "task-erred", "reschedule") and self.goblin_fetched:
                 self.loop.add_callback(self.free_used_inputs)
 
@@ -195,6 +239,328 @@ def text_errors() -> None:
     core.error_message = worker.error_message = wsm.error_message = error_message
 
 
+# -- what the volunteer sees: its status line and its control page on 127.0.0.1 ----------------
+
+#: Files of a running agent in its state directory (both 0600, the directory 0700; removed on exit).
+CONTROL_FILE = "control.json"  # {"url", "pid", "name"}
+TOKEN_FILE = "control-token"  # the token every request to the control page must carry
+
+
+def default_state_dir(name: str) -> Path:
+    """``$XDG_STATE_HOME/goblin-dask/volunteers/NAME`` (``~/.local/state/...``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "goblin-dask" / "volunteers" / name
+
+
+def _flops(x: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} FLOP"
+
+
+class Agent:
+    """One ``goblin volunteer``: its limits, its worker of the moment, pause, and its record at the lab."""
+
+    def __init__(self, name: str, address: str, *, nthreads: int, memory_limit, backend: str = "cpu"):
+        self.name, self.address = name, address
+        self.nthreads, self.memory_limit, self.backend = nthreads, memory_limit, backend
+        self.worker = None  # the VolunteerWorker while joined
+        #: why it takes no new tasks: "you" (goblin volunteer pause), "busy" (--only-when-idle)
+        self.paused_by: set[str] = set()
+        self.done_before = 0  # tasks finished by earlier workers of this agent (before a reconnection)
+        #: its own record at the lab (goblin_volunteer_status): credit, accepted, rejected, trust
+        self.lab: dict = {}
+        self.started = time.time()
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.paused_by)
+
+    def attach(self, worker) -> None:
+        self.worker = worker
+        if self.paused:
+            worker.goblin_pause()
+
+    def detach(self) -> None:
+        if self.worker is not None:
+            self.done_before += self.worker.goblin_done
+        self.worker = None
+
+    def pause(self, why: str = "you") -> int:
+        was = self.paused
+        self.paused_by.add(why)
+        back = self.worker.goblin_pause() if self.worker is not None and not was else 0
+        if not was:
+            logger.info("paused (%s): no new tasks (%d not started went back to the lab)", _WHY[why], back)
+        return back
+
+    def resume(self, why: str = "you") -> None:
+        self.paused_by.discard(why)
+        if self.paused:
+            logger.info("still paused: %s", ", ".join(_WHY[w] for w in sorted(self.paused_by)))
+            return
+        if self.worker is not None:
+            self.worker.goblin_resume()
+        logger.info("resumed")
+
+    def status(self) -> dict:
+        w = self.worker
+        memory = getattr(getattr(w, "memory_manager", None), "memory_limit", None) if w is not None else None
+        state = ("paused" + ("" if self.paused_by == {"you"} else f" ({', '.join(_WHY[r] for r in sorted(self.paused_by))})")
+                 if self.paused else ("computing" if w is not None else "connecting"))
+        return {
+            "name": self.name, "lab": self.address, "state": state,
+            "tasks_done": self.done_before + (w.goblin_done if w is not None else 0),
+            "computing": w.goblin_computing() if w is not None else [],
+            "credit_flops": float(self.lab.get("credit", 0.0)),
+            "accepted": int(self.lab.get("accepted", 0)), "rejected": int(self.lab.get("rejected", 0)),
+            "trust": int(self.lab.get("trust", 0)),
+            "limits": {"threads": self.nthreads, "memory": memory or self.memory_limit, "backend": self.backend},
+            "uptime": time.time() - self.started,
+        }
+
+    def line(self) -> str:
+        st = self.status()
+        now = ", ".join(st["computing"]) or "-"
+        return (f"goblin volunteer {self.name}: {st['state']} | {st['tasks_done']} tasks done | verified "
+                f"{st['accepted']} ({st['rejected']} rejected) | credit {_flops(st['credit_flops'])} | "
+                f"trust {st['trust']} | now: {now}")
+
+    async def refresh(self) -> None:
+        """Ask the lab for this volunteer's record (the lab computes credit; the volunteer only shows it)."""
+        from goblin_dask.node import rpc
+
+        from distributed.core import Status
+
+        w = self.worker
+        if w is None or w.status not in (Status.running, Status.paused):
+            return
+        try:
+            record = await getattr(w.scheduler, rpc.VOLUNTEER_STATUS)()
+        except Exception as e:  # the lab is away or busy: keep the last record
+            logger.debug("no status from the lab: %s", e)
+            return
+        if isinstance(record, dict):
+            self.lab = record
+
+
+_WHY = {"you": "by you", "busy": "the machine is busy"}
+
+
+async def pause_when_busy(agent: Agent, threshold: float, interval: float = 5.0) -> None:
+    """``--only-when-idle``: pause while the machine's other processes use ``threshold`` percent of its CPU
+    or more (this agent's own use not counted), resume when they use less."""
+    import psutil
+
+    me, ncpu = psutil.Process(), psutil.cpu_count() or 1
+    psutil.cpu_percent(interval=None)
+    me.cpu_percent(interval=None)
+    while True:
+        await asyncio.sleep(interval)
+        others = max(0.0, psutil.cpu_percent(interval=None) - me.cpu_percent(interval=None) / ncpu)
+        if others >= threshold and "busy" not in agent.paused_by:
+            logger.info("the machine is busy (%.0f%% CPU used by others): pausing", others)
+            agent.pause("busy")
+        elif others < threshold and "busy" in agent.paused_by:
+            logger.info("the machine is idle again (%.0f%% CPU used by others)", others)
+            agent.resume("busy")
+
+
+#: seconds between a volunteer's asks for its record at the lab (one small RPC; the lab serves many)
+LAB_REFRESH = 5.0
+
+
+async def report_status(agent: Agent, interval: float, out=None) -> None:
+    """Keep one status line up to date: rewritten in place every ``interval`` seconds on a terminal,
+    printed when it changes (at most every ``5 * interval`` seconds) otherwise."""
+    out = out or sys.stdout
+    tty = out.isatty()
+    last, last_at, asked_at = "", 0.0, -LAB_REFRESH
+    while True:
+        now = time.monotonic()
+        if now - asked_at >= LAB_REFRESH:
+            asked_at = now
+            await agent.refresh()
+        line = agent.line()
+        if tty:
+            out.write("\r" + line[:200] + "\x1b[K")
+            out.flush()
+        elif line != last and now - last_at >= 5 * interval:
+            print(line, file=out, flush=True)
+            last, last_at = line, now
+        await asyncio.sleep(interval)
+
+
+_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
+<title>goblin volunteer {name}</title><style>body{{font-family:sans-serif;margin:2em}}td{{padding:2px 12px}}</style>
+</head><body><h1>goblin volunteer {name}</h1><table>{rows}</table>
+<form method="post" action="/{action}"><input type="hidden" name="token" value="{token}">
+<button type="submit">{action}</button></form>
+<p>This machine computes only the operations of the lab's catalog (numeric kernels of goblin-dask) on the
+numbers the lab sends, in memory; it runs no code of the lab's and writes none of its data to disk.</p>
+</body></html>"""
+
+
+def _control_app(agent: Agent, token: str, port_of):
+    """The control page: ``/`` (HTML, ``?token=``), ``/api/status`` (JSON), ``POST /pause`` ``/resume``
+    (or ``/api/pause``, ``/api/resume``); every request carries the token (``Authorization: Bearer`` or
+    ``token=``) and names 127.0.0.1 or localhost as its host (no DNS rebinding)."""
+    import hmac
+    import html
+    import json
+
+    from tornado import web
+
+    class Handler(web.RequestHandler):
+        def prepare(self):
+            host = (self.request.host or "").rsplit(":", 1)
+            if host[0] not in ("127.0.0.1", "localhost") or (len(host) > 1 and host[1] != str(port_of())):
+                raise web.HTTPError(403)
+            header = self.request.headers.get("Authorization", "")
+            given = header[7:] if header.startswith("Bearer ") else self.get_argument("token", "")
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                raise web.HTTPError(403)
+
+        def check_xsrf_cookie(self):  # the token is the check (a page elsewhere cannot know it)
+            pass
+
+        def set_default_headers(self):
+            self.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; "
+                            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+            self.set_header("Referrer-Policy", "no-referrer")  # the page's address carries the token
+            self.set_header("X-Content-Type-Options", "nosniff")
+
+        def send_status(self):
+            self.set_header("Content-Type", "application/json")
+            self.set_header("Cache-Control", "no-store")
+            self.write(json.dumps(agent.status()))
+
+    class Page(Handler):
+        def get(self):
+            st = agent.status()
+            rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (
+                ("state", st["state"]), ("lab", st["lab"]), ("tasks done", st["tasks_done"]),
+                ("verified", f"{st['accepted']} accepted, {st['rejected']} rejected"),
+                ("credit", _flops(st["credit_flops"])), ("trust", st["trust"]),
+                ("computing now", ", ".join(st["computing"]) or "-"),
+                ("limits", f"{st['limits']['threads']} threads, memory {st['limits']['memory']}, "
+                           f"{st['limits']['backend']}")))
+            self.set_header("Cache-Control", "no-store")
+            self.write(_PAGE.format(name=html.escape(agent.name), rows=rows, token=html.escape(token),
+                                    action="resume" if "you" in agent.paused_by else "pause"))
+
+    class Status(Handler):
+        def get(self):
+            self.send_status()
+
+    class Act(Handler):
+        def post(self, action):
+            agent.pause() if action == "pause" else agent.resume()
+            if self.request.path.startswith("/api/"):
+                self.send_status()
+            else:
+                self.redirect(f"/?token={token}")
+
+    return web.Application([(r"/", Page), (r"/api/status", Status), (r"/(?:api/)?(pause|resume)", Act)])
+
+
+class ControlPage:
+    """The control page on 127.0.0.1, and its files in the volunteer's state directory."""
+
+    def __init__(self, agent: Agent, state_dir: Path, port: int = 0):
+        self.agent, self.state_dir, self.port = agent, Path(state_dir), port
+        self.server = None
+
+    def start(self) -> str:
+        import json
+        import secrets
+
+        from tornado.httpserver import HTTPServer
+        from tornado.netutil import bind_sockets
+
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.state_dir, 0o700)
+        token = secrets.token_urlsafe(32)
+        sockets = bind_sockets(self.port, address="127.0.0.1")
+        self.port = sockets[0].getsockname()[1]
+        self.server = HTTPServer(_control_app(self.agent, token, lambda: self.port))
+        self.server.add_sockets(sockets)
+        url = f"http://127.0.0.1:{self.port}"
+        _write_private(self.state_dir / TOKEN_FILE, token + "\n")
+        _write_private(self.state_dir / CONTROL_FILE, json.dumps({"url": url, "pid": os.getpid(),
+                                                                  "name": self.agent.name}) + "\n")
+        logger.info("status page: %s/?token=... (the token is in %s)", url, self.state_dir / TOKEN_FILE)
+        return url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        for f in (CONTROL_FILE, TOKEN_FILE):
+            (self.state_dir / f).unlink(missing_ok=True)
+        try:
+            self.state_dir.rmdir()  # when nothing else is kept there
+        except OSError:
+            pass
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def control(action: str, state_dir: Path) -> dict:
+    """``goblin volunteer pause|resume|status``: ask the agent running from ``state_dir``; returns its status."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        info = json.loads((state_dir / CONTROL_FILE).read_text())
+        token = (state_dir / TOKEN_FILE).read_text().strip()
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"no running volunteer in {state_dir} ({e})") from None
+    path = "/api/status" if action == "status" else f"/api/{action}"
+    req = urllib.request.Request(info["url"] + path, method="GET" if action == "status" else "POST", data=None,
+                                 headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError) as e:
+        raise click.ClickException(f"the volunteer of {state_dir} does not answer at {info['url']}: {e}") from None
+
+
+def _alive(control_file: Path) -> bool:
+    """Is the agent that wrote ``control_file`` still running (a killed one leaves its files behind)?"""
+    import json
+
+    try:
+        os.kill(int(json.loads(control_file.read_text())["pid"]), 0)
+    except PermissionError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _find_state_dir(state_dir: str | None, name: str | None) -> Path:
+    if state_dir:
+        return Path(state_dir)
+    if name:
+        return default_state_dir(name)
+    base = default_state_dir("x").parent
+    running = sorted(p for p in base.glob(f"*/{CONTROL_FILE}") if _alive(p)) if base.is_dir() else []
+    if len(running) == 1:
+        return running[0].parent
+    if not running:
+        raise click.ClickException(f"no running volunteer under {base} (give --state-dir or --name)")
+    names = ", ".join(p.parent.name for p in running)
+    raise click.ClickException(f"several volunteers run here ({names}): say which with --name")
+
+
 async def _reachable(address: str, connection_args: dict, timeout: float) -> str | None:
     """None when the node answers, else why not."""
     from distributed.comm import connect
@@ -209,13 +575,18 @@ async def _reachable(address: str, connection_args: dict, timeout: float) -> str
 
 async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_limit="auto",
                         local_directory: str | None = None, backoff=DEFAULT_BACKOFF,
-                        max_attempts: int | None = None) -> None:
+                        max_attempts: int | None = None, state_dir: str | os.PathLike | None = None,
+                        status_port: int | None = 0, status_interval: float = 1.0, backend: str = "cpu",
+                        idle_threshold: float | None = None) -> None:
     """Join the lab node at ``address`` and compute until it closes; reconnect with backoff.
 
     ``credential`` is a :class:`goblin_dask.tls.Credential` (or its encoded string).
+    ``state_dir``: the volunteer's own directory (default :func:`default_state_dir`), where the control
+    page's address and token are while it runs; ``status_port``: the control page's port on 127.0.0.1
+    (0: any free one; None: no page, so no pause/resume); ``status_interval``: seconds between status lines;
+    ``idle_threshold``: pause while other processes use this percent of the CPU or more (None: never).
     """
-    from goblin_dask.node.process import close_on_signals, no_spilling
-    from goblin_dask.roles import VOLUNTEER_RESOURCE
+    from goblin_dask.node.process import no_spilling
 
     from goblin_dask import link
 
@@ -235,6 +606,54 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
     name = credential.name
     security = credential.security()
     connection_args = security.get_connection_args("worker")
+    agent = Agent(name, address, nthreads=nthreads, memory_limit=memory_limit, backend=backend)
+    page = ControlPage(agent, Path(state_dir) if state_dir else default_state_dir(name), status_port or 0)
+    if status_port is not None:
+        page.start()
+    status = asyncio.ensure_future(report_status(agent, status_interval))
+    idle = asyncio.ensure_future(pause_when_busy(agent, idle_threshold)) if idle_threshold is not None else None
+    stopping: list = []
+    _stop_on_signals(agent, stopping)
+    try:
+        await _join_and_compute(agent, address, credential, security, connection_args, VolunteerWorker,
+                                nthreads=nthreads, memory_limit=memory_limit, local_directory=local_directory,
+                                backoff=backoff, max_attempts=max_attempts, stopping=stopping)
+    except asyncio.CancelledError:
+        if not stopping:
+            raise
+    finally:
+        status.cancel()
+        if idle is not None:
+            idle.cancel()
+        page.stop()
+        if sys.stdout.isatty():  # end the status line
+            print(file=sys.stdout, flush=True)
+
+
+def _stop_on_signals(agent: Agent, stopping: list) -> None:
+    """SIGTERM/SIGINT stop the agent gracefully whatever it is doing: its worker closes when joined, else
+    the connection attempts end; either way its clean-ups run (scratch directory, control page files)."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def stop():
+        stopping.append(True)
+        if agent.worker is not None:
+            asyncio.ensure_future(agent.worker.close())
+        else:
+            main.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+async def _join_and_compute(agent, address, credential, security, connection_args, VolunteerWorker, *, nthreads,
+                            memory_limit, local_directory, backoff, max_attempts, stopping: list) -> None:
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    name = credential.name
     wait, attempts = backoff[0], 0
     while True:
         why = await _reachable(address, connection_args, timeout=max(wait, 3.0))
@@ -258,9 +677,11 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
                     raise RefusedByNode(str(cause).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
                 raise
             logger.info("joined lab node %s as %s", address, name)
-            stopping = []
-            close_on_signals(worker, on_close=lambda: stopping.append(True))
-            await worker.finished()
+            agent.attach(worker)
+            try:
+                await worker.finished()
+            finally:
+                agent.detach()
             if stopping:
                 return
             why = "lost the connection to the lab node"
@@ -272,20 +693,55 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
         wait = min(wait * 2, backoff[1])
 
 
+CONTROL_ACTIONS = ("pause", "resume", "status")
+
+
 @click.command("volunteer", context_settings={"show_default": True})
-@click.argument("address")
-@click.option("--token", "token", required=True, envvar="GOBLIN_TOKEN",
+@click.argument("address", metavar="ADDRESS|pause|resume|status")
+@click.option("--token", "token", default=None, envvar="GOBLIN_TOKEN",
               help="credential from `goblin enroll` (the string, or a file holding it)")
-@click.option("--name", default=None, help="the name the credential was issued for (checked)")
+@click.option("--name", default=None,
+              help="the name the credential was issued for (checked); with pause|resume|status: which volunteer")
 @click.option("--nthreads", default=1, type=int, help="threads that compute catalog operations")
 @click.option("--memory-limit", default="auto", help="memory this volunteer lends, e.g. 4GB")
 @click.option("--gpu/--no-gpu", default=None, help="use cupy kernels on a GPU (default: when one is usable)")
 @click.option("--local-directory", default=None, help="scratch directory (default: a private temporary one)")
+@click.option("--state-dir", default=None, envvar="GOBLIN_VOLUNTEER_STATE_DIR",
+              help="this volunteer's directory: its control page's address and token while it runs "
+                   "[default: ~/.local/state/goblin-dask/volunteers/NAME]")
+@click.option("--status-port", default=0, type=int,
+              help="port of the status and control page on 127.0.0.1 (0: any free one; -1: no page, no pause)")
+@click.option("--only-when-idle", is_flag=True,
+              help="pause while the machine's other processes keep its CPU busy (see --idle-threshold)")
+@click.option("--idle-threshold", default=25.0, type=float,
+              help="with --only-when-idle: percent of the CPU used by other processes that pauses it")
 @click.option("--host", default=None, hidden=True,
               help="ignored: a volunteer opens no listening socket (its link to the lab is outbound only)")
 @click.option("--max-attempts", default=None, type=int, help="give up after this many failed connection attempts")
-def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, host, max_attempts):
-    """Lend this machine to a lab node: compute its catalog operations, nothing else."""
+def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, state_dir, status_port,
+                      only_when_idle, idle_threshold, host, max_attempts):
+    """Lend this machine to a lab node: compute its catalog operations, nothing else.
+
+    \b
+    What runs here: only the numeric operations of goblin-dask's catalog (matmul, sums, activations...),
+    on numbers the lab sends, in this process's memory, with at most --nthreads threads and --memory-limit.
+    What does not: no code of the lab's (no pickled functions, plugins or files; anything else is refused),
+    no writes of the lab's data to disk (no spilling; the scratch directory is removed on exit), and no
+    port the network can reach (the link to the lab is outbound; the status page listens on 127.0.0.1 only).
+
+    \b
+    goblin volunteer ADDRESS --token CREDENTIAL   join the lab node at ADDRESS and compute
+    goblin volunteer pause|resume [--name NAME]   the running volunteer takes no new tasks / takes them again
+    goblin volunteer status [--name NAME]         its status: tasks done, verified work, credit, trust
+    """
+    if address in CONTROL_ACTIONS:
+        st = control(address, _find_state_dir(state_dir, name))
+        click.echo(f"{st['name']}: {st['state']} | {st['tasks_done']} tasks done | verified {st['accepted']} "
+                   f"({st['rejected']} rejected) | credit {_flops(st['credit_flops'])} | trust {st['trust']}")
+        return
+    if token is None:
+        raise click.BadParameter("a credential is needed to join a lab node (ask the lab for `goblin enroll`)",
+                                 param_hint="--token")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin volunteer %(levelname)s %(message)s")
     from goblin_dask.tls import Credential
 
@@ -297,10 +753,12 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
         raise click.BadParameter(f"this credential was issued for {credential.name!r}, not {name!r}", param_hint="--name")
     scratch = None if local_directory else tempfile.mkdtemp(prefix="goblin-volunteer-")
     local_directory = local_directory or scratch
-    prepare_process(gpu)
+    backend = prepare_process(gpu)
     try:
         asyncio.run(run_volunteer(address, credential, nthreads=nthreads, memory_limit=memory_limit,
-                                  local_directory=local_directory, max_attempts=max_attempts))
+                                  local_directory=local_directory, max_attempts=max_attempts, state_dir=state_dir,
+                                  status_port=None if status_port < 0 else status_port, backend=backend,
+                                  idle_threshold=idle_threshold if only_when_idle else None))
     except RefusedByNode as e:
         click.echo(f"goblin volunteer: the lab node refused this volunteer: {e}", err=True)
         sys.exit(2)

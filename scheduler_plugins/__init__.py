@@ -32,7 +32,8 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     stream_guard = StreamGuardPlugin(scheduler, admission)  # what volunteers may say on their worker stream
     catalog_only = CatalogOnlyPlugin(scheduler, admission)
     minimization = MinimizationPlugin(scheduler)  # after placement: it judges what volunteers get
-    ledger = VerificationLedger(scheduler, admission, max_rejections=int(settings.get("goblin.max-rejections")))
+    ledger = VerificationLedger(scheduler, admission, max_rejections=int(settings.get("goblin.max-rejections")),
+                                state_dir=state_dir)  # the volunteers' credit is kept there
     exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
     no_replicas(scheduler)

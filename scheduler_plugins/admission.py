@@ -32,7 +32,8 @@ logger = logging.getLogger("goblin_dask.admission")
 
 
 #: The scheduler handlers a volunteer's connection may call.
-VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS})
+VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS,
+                                rpc.VOLUNTEER_STATUS})
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
 #: Roles allowed to open a client session.
@@ -90,6 +91,16 @@ class AdmissionPlugin(SchedulerPlugin):
 
     def is_volunteer(self, address: str) -> bool:
         return self.roles.get(address) == "volunteer"
+
+    def is_lab(self, address: str) -> bool:
+        """A connected lab worker?  O(1): asked for every check's verdicts, never a scan of the workers."""
+        return self.roles.get(address) == "lab" and address in self.scheduler.workers
+
+    def has_volunteer_besides(self, name: str | None) -> bool:
+        """Is a volunteer other than ``name`` connected?  Names are unique among connected workers, so
+        this stops after a few entries whatever the number of volunteers (asked per replica decision)."""
+        return any(r == "volunteer" and self.names.get(a) != name and a in self.scheduler.workers
+                   for a, r in self.roles.items())
 
     # -- handlers ----------------------------------------------------------------
     async def register_worker(self, comm, *, address: str, name: Any = None, extra: dict | None = None,

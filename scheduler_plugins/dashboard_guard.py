@@ -12,8 +12,8 @@ and anything added later) are served only to
   shared login node, or a reverse proxy on the same machine).
 
 Public, to anyone: ``/health``, the researcher pages under ``/goblin/`` (they check sessions
-themselves) and ``/goblin/report.json`` (whose public form has totals only, see
-``scheduler_plugins.http``).  Everything else gets a short 403 written without rendering
+themselves), ``/goblin/report.json`` and the lab's page ``/goblin/`` with ``/goblin/api/status``
+(whose public forms have totals only, see ``scheduler_plugins.http``).  Everything else gets a short 403 written without rendering
 anything, decided in ``find_handler`` before any handler runs; unauthenticated requests beyond a
 per-IP token bucket (``goblin.dashboard.anonymous-rate`` per second, ``anonymous-burst``) get 429.
 """
@@ -126,7 +126,7 @@ def install_dashboard_guard(scheduler, access_app: web.Application | None) -> Da
     from distributed.http.health import HealthHandler
 
     from goblin_dask.access.web import admin_of_request
-    from scheduler_plugins.http import ReportHandler
+    from scheduler_plugins.http import LabPageHandler, ReportHandler, StatusHandler
 
     application = getattr(scheduler, "http_application", None)
     if application is None:
@@ -135,7 +135,7 @@ def install_dashboard_guard(scheduler, access_app: web.Application | None) -> Da
                       and listens_on_loopback_only(scheduler.http_server))
     guard = DashboardGuard(
         (lambda request: admin_of_request(access_app, request)) if access_app is not None else (lambda request: None),
-        public_handlers=(HealthHandler, ReportHandler), public_apps=(access_app,) if access_app is not None else (),
+        public_handlers=(HealthHandler, ReportHandler, LabPageHandler, StatusHandler), public_apps=(access_app,) if access_app is not None else (),
         trust_loopback=trust_loopback, rate=float(settings.get("goblin.dashboard.anonymous-rate")),
         burst=float(settings.get("goblin.dashboard.anonymous-burst")))
     find_handler = application.find_handler

@@ -204,6 +204,8 @@ class ExposurePlugin(SchedulerPlugin):
         #: volunteer address -> array id -> Coverage planned (max-exposure placement)
         self.planned: dict[str, dict[str, Coverage]] = defaultdict(dict)
         self.pinned: dict[Any, str] = {}
+        #: volunteer address -> keys pinned to it (the index of ``pinned``: no scan of every pinned key per task)
+        self.pinned_keys: dict[str, set] = defaultdict(set)
 
     # -- configuration ------------------------------------------------------------
     @staticmethod
@@ -320,7 +322,7 @@ class ExposurePlugin(SchedulerPlugin):
                 new_elems += got - before
                 merged[aid] = after
             if fits:
-                load = sum(1 for k, a in self.pinned.items() if a == addr)
+                load = len(self.pinned_keys.get(addr, ()))
                 if best is None or (new_elems, load) < best[0]:
                     best = ((new_elems, load), addr, merged)
         if best is None:
@@ -328,7 +330,7 @@ class ExposurePlugin(SchedulerPlugin):
             return False
         _, addr, merged = best
         self.planned[addr].update(merged)
-        self.pinned[ts.key] = addr
+        self._pin(ts.key, addr)
         ts.worker_restrictions = {addr}
         ts.loose_restrictions = False
         return True
@@ -353,8 +355,23 @@ class ExposurePlugin(SchedulerPlugin):
             ts.run_spec = Task(ts.key, kept_on_lab)
             ts.resource_restrictions = {LAB_RESOURCE: 1}
             ts.worker_restrictions = None
-        self.pinned.pop(ts.key, None)
+        self._unpin(ts.key)
         logger.info("task %r computed on the lab worker: %s", ts.key, why)
+
+    def _pin(self, key, addr: str) -> None:
+        self._unpin(key)
+        self.pinned[key] = addr
+        self.pinned_keys[addr].add(key)
+
+    def _unpin(self, key) -> str | None:
+        addr = self.pinned.pop(key, None)
+        if addr is not None:
+            keys = self.pinned_keys.get(addr)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.pinned_keys[addr]
+        return addr
 
     # -- the account ---------------------------------------------------------------
     def transition(self, key, start, finish, *args, worker: str | None = None, **kwargs) -> None:
@@ -364,14 +381,14 @@ class ExposurePlugin(SchedulerPlugin):
         elif start == "processing" and finish == "memory" and worker and ts is not None:
             self.record(ts, worker)
         if finish in ("memory", "erred", "forgotten", "released"):
-            addr = self.pinned.pop(key, None) if finish != "released" else None
+            addr = self._unpin(key) if finish != "released" else None
             if addr is not None and not self.pinned_to(addr):
                 self.planned.pop(addr, None)  # its plan is all received now
         if finish == "forgotten":
             self.lineage.pop(key, None)
 
     def pinned_to(self, addr: str) -> bool:
-        return any(a == addr for a in self.pinned.values())
+        return bool(self.pinned_keys.get(addr))
 
     def record(self, ts, addr: str) -> None:
         if not self.admission.is_volunteer(addr):
@@ -385,9 +402,9 @@ class ExposurePlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.planned.pop(worker, None)
         cap = self.max_exposure()
-        for key in [k for k, a in self.pinned.items() if a == worker]:
+        for key in list(self.pinned_keys.get(worker, ())):
             ts = scheduler.tasks.get(key)
-            self.pinned.pop(key, None)
+            self._unpin(key)
             if ts is None or ts.state not in ("released", "waiting", "no-worker") or cap is None \
                     or ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1}:
                 continue  # done, or placed again already (the ledger places the replicas it restricts first)

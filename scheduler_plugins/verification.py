@@ -21,6 +21,11 @@ none is connected, or the last of them leaves before running it, the lab worker 
 A rejected result costs the volunteer its trust; at ``goblin.max-rejections`` (2)
 rejections it is banned: its credential revoked, disconnected, refused on reconnect.
 
+Credit: the verified work of each volunteer, in floating-point operations from the catalog's
+cost model (``OpSpec.cost`` of the checked task, computed by the lab worker on the operands it
+holds), added only for accepted results; kept in ``STATE_DIR/credit.json`` across restarts.
+A volunteer asks for its own record on ``goblin_volunteer_status`` (the name is its certificate's).
+
 Deadlines: a volunteer that holds catalog tasks without finishing any for
 ``goblin.verification.deadline`` seconds (300) has them reissued to other volunteers.
 
@@ -30,12 +35,15 @@ Deadlines: a volunteer that holds catalog tasks without finishing any for
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -52,6 +60,8 @@ logger = logging.getLogger("goblin_dask.verification")
 
 #: Verdicts arriving after the scheduler forgot the result still find who computed it.
 _FORGOTTEN_KEPT = 100_000
+#: The volunteers' credit in the node's state directory (kept across restarts).
+CREDIT_FILE = "credit.json"
 #: Rejections listed in the report (the oldest are dropped first).
 _REJECTIONS_KEPT = 1000
 
@@ -69,6 +79,8 @@ class VolunteerRecord:
     failed: int = 0
     #: times it was given no work for a while after failures in a row
     cooldowns: int = 0
+    #: floating-point operations of its accepted results (the catalog's cost model), across restarts
+    credit: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,8 @@ class VerificationLedger(SchedulerPlugin):
     name = "goblin-verification"
 
     def __init__(self, scheduler, admission: AdmissionPlugin, *, max_rejections: int = 2,
-                 policy: TrustPolicy | None = None, deadline: float | None = None):
+                 policy: TrustPolicy | None = None, deadline: float | None = None,
+                 state_dir: str | os.PathLike | None = None):
         self.scheduler = scheduler
         self.admission = admission
         self.max_rejections = max_rejections
@@ -142,18 +155,67 @@ class VerificationLedger(SchedulerPlugin):
         self._busy_since: dict[str, float] = {}
         self._rng = random.Random(secrets.randbits(64))
         self._deadlines: PeriodicCallback | None = None
+        #: where credit is kept across restarts (None: not kept)
+        self.credit_file = Path(state_dir) / CREDIT_FILE if state_dir is not None else None
+        self._credit_dirty = False
+        self._credit_flush: PeriodicCallback | None = None
+        self.load_credit()
         scheduler.handlers[rpc.REPORT] = lambda: self.report()
         scheduler.handlers[rpc.POLICY] = self.policy_handler
+        scheduler.handlers[rpc.VOLUNTEER_STATUS] = self.volunteer_status_handler
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self, scheduler) -> None:
         interval = max(0.25, min(self.deadline / 4, 30.0))
         self._deadlines = PeriodicCallback(self.check_deadlines, interval * 1000)
         self._deadlines.start()
+        if self.credit_file is not None:
+            self._credit_flush = PeriodicCallback(self.save_credit, 1000)
+            self._credit_flush.start()
 
     async def close(self) -> None:
         if self._deadlines is not None:
             self._deadlines.stop()
+        if self._credit_flush is not None:
+            self._credit_flush.stop()
+        self.save_credit()
+
+    # -- credit, kept across restarts ------------------------------------------------
+    def load_credit(self) -> None:
+        if self.credit_file is None or not self.credit_file.exists():
+            return
+        try:
+            kept = json.loads(self.credit_file.read_text())["credit"]
+            for name, flops in kept.items():
+                self.volunteers.setdefault(str(name), VolunteerRecord()).credit = float(flops)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            logger.error("could not read the volunteers' credit from %s: %s", self.credit_file, e)
+
+    def save_credit(self) -> None:
+        """Write the credit when it changed (atomically: a crash leaves the old file or the new one)."""
+        if self.credit_file is None or not self._credit_dirty:
+            return
+        self._credit_dirty = False
+        data = {"unit": "flop", "credit": {n: v.credit for n, v in sorted(self.volunteers.items()) if v.credit}}
+        tmp = self.credit_file.with_name(f".{self.credit_file.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.credit_file)
+        except OSError as e:
+            self._credit_dirty = True
+            logger.error("could not save the volunteers' credit to %s: %s", self.credit_file, e)
+
+    def volunteer_status_handler(self, comm) -> dict:
+        """A volunteer's own record (its name from its certificate, never from what it says)."""
+        role, name = peer_identity(comm) or ("", "")
+        if role != "volunteer":
+            raise PermissionError("goblin lab node: only a volunteer asks for its own status")
+        record = self.volunteers.get(name) or VolunteerRecord()
+        return {"name": name, "credit": record.credit, "accepted": record.accepted, "rejected": record.rejected,
+                "trust": record.trust, "late": record.late,
+                "banned": record.banned or name in getattr(self.admission, "banned", ())}
 
     def add_worker(self, scheduler, worker: str) -> None:
         if self.admission.is_volunteer(worker):
@@ -238,9 +300,9 @@ class VerificationLedger(SchedulerPlugin):
 
     # -- verdicts and policy (from the lab worker only) ----------------------------
     def on_verdicts(self, worker: str, verdicts: list, seconds: float = 0.0, cpu_seconds: float = 0.0,
-                    **kwargs) -> None:
+                    flops: float = 0.0, **kwargs) -> None:
         """The verdicts of one check task, read from its metadata when the scheduler accepted its result."""
-        if worker not in self.admission.lab_workers():
+        if not self.admission.is_lab(worker):
             logger.warning("ignored verdicts from %s, which is not a lab worker", worker)
             return
         self.check_seconds += float(seconds)
@@ -249,11 +311,13 @@ class VerificationLedger(SchedulerPlugin):
             source = rest[0] if rest else None
             reason = str(rest[1]) if len(rest) > 1 and rest[1] else ""
             name = self.addresses.get(source) if source else None
-            self.on_verdict(as_key(key), str(method), bool(accepted), name=name, reason=reason)
+            self.on_verdict(as_key(key), str(method), bool(accepted), name=name, reason=reason, flops=flops)
 
-    def on_verdict(self, key, method: str, accepted: bool, name: str | None = None, reason: str = "") -> None:
+    def on_verdict(self, key, method: str, accepted: bool, name: str | None = None, reason: str = "",
+                   flops: float = 0.0) -> None:
         """``name``: the volunteer whose bytes were checked, when the lab worker knows it;
-        ``reason``: why the result was rejected."""
+        ``reason``: why the result was rejected; ``flops``: the task's work by the catalog's cost
+        model (the lab worker's figure; credited only when the result is accepted)."""
         name = name or self._who(key)
         self.by_method[method] += 1
         self.replicas.pop(key, None)
@@ -263,6 +327,10 @@ class VerificationLedger(SchedulerPlugin):
         record = self.volunteers.setdefault(name, VolunteerRecord())
         if accepted:
             record.accepted += 1
+            flops = float(flops)
+            if flops > 0 and flops == flops and flops != float("inf"):
+                record.credit += flops
+                self._credit_dirty = True
             if method != "trusted":  # only verified results earn trust
                 record.trust += 1
             return
@@ -285,7 +353,7 @@ class VerificationLedger(SchedulerPlugin):
         """How to verify the replica-method result ``key``: replicate it, sample it, or trust it."""
         name = self._who(key)
         trust = self.volunteers[name].trust if name in self.volunteers else 0
-        others = [a for a in self.admission.volunteers() if self.admission.names.get(a) != name]
+        others = self.admission.has_volunteer_besides(name)
         timeout = 4 * self.deadline
         if self._rng.random() < self.policy.replica_rate(trust):
             if others:
@@ -339,6 +407,8 @@ class VerificationLedger(SchedulerPlugin):
                            for n, v in sorted(self.volunteers.items())},
             "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,
             "reissued": self.reissued,
+            # floating-point operations of all accepted volunteer results (each volunteer's: "volunteers")
+            "credit": sum(v.credit for v in self.volunteers.values()),
             "failed": sum(v.failed for v in self.volunteers.values()),
             # each failure, crash and cooldown, with the volunteer's name and why (scheduler_plugins.faults)
             "faults": faults.report() if (faults := self.scheduler.plugins.get("goblin-faults")) else {},

@@ -231,7 +231,9 @@ def test_a_thousand_connections_from_one_volunteer_cost_the_lab_nothing_lasting(
 # -- volunteers behind NAT -------------------------------------------------------------------------
 
 def _listening(pid: int) -> list:
-    return [c for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_LISTEN]
+    """Listening sockets the network can reach (a volunteer's status page listens on 127.0.0.1 only)."""
+    return [c for c in psutil.Process(pid).net_connections()
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")]
 
 
 def test_volunteers_open_no_listening_socket(node):

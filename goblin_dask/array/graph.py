@@ -25,7 +25,8 @@ def cull(dsk: Mapping, keys: Iterable) -> dict:
 
 def optimize(dsk: Mapping, keys: Any) -> dict:
     """ga.Array's ``__dask_optimize__``: cull, then put a lab-side check after every volunteer task."""
+    from goblin_dask.array.sources import resolve_local
     from goblin_dask.validation.checks import insert_checks
 
     flat = list(flatten(keys)) if isinstance(keys, list) else list(keys)
-    return insert_checks(cull(dict(dsk), flat), flat)
+    return insert_checks(resolve_local(cull(dict(dsk), flat)), flat)

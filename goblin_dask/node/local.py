@@ -161,7 +161,9 @@ class LabNode:
         self._start_part(name, [
             "-m", module, self.address, "--token", credential,
             "--nthreads", str(nthreads or self._threads),
-            "--memory-limit", str(memory_limit or self._memory_limit), *extra_args,
+            "--memory-limit", str(memory_limit or self._memory_limit),
+            "--state-dir", str(self.state_dir / "volunteers" / name),  # its control page's files: gone with the grid
+            *extra_args,
         ])
         if wait:
             self._wait_until_joined(lambda: name in self.volunteer_names(), [name], timeout,

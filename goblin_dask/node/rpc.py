@@ -20,6 +20,8 @@ WORKERS = "goblin_workers"
 POLICY = "goblin_policy"
 #: A volunteer asks which lab processes to keep standby connections to (:mod:`goblin_dask.link`).
 LINK_ENDPOINTS = "goblin_link_endpoints"
+#: A volunteer asks for its own record (credit, accepted, rejected, trust): ``goblin volunteer``'s status line.
+VOLUNTEER_STATUS = "goblin_volunteer_status"
 #: The lab worker reports a volunteer it refused on the comm layer (:mod:`goblin_dask.link`).
 REFUSE_VOLUNTEER = "goblin_refuse_volunteer"
 

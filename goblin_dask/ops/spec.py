@@ -276,7 +276,9 @@ class OpSpec:
         return self.numpy
 
     def __call__(self, *args: Any, **params: Any) -> Any:
-        return self.kernel()(*args, **params)
+        out = self.kernel()(*args, **params)
+        # NumPy ufuncs on 0-d arrays return scalars; a result is always an ndarray (the lab's form check)
+        return np.asarray(out) if isinstance(out, np.generic) else out
 
     # -- identity --------------------------------------------------------------
     def __reduce__(self):

@@ -529,6 +529,117 @@ def _adaptive_avg_pool2d(ga, x, output_size):
     return ga.adaptive_avg_pool2d(x, list(output_size))
 
 
+# -- backward operators (the joint forward+backward graphs of goblin_dask.training) -------------
+
+@row("aten.var_mean.correction", needs=("var", "mean"))
+def _var_mean(ga, x, dim=None, correction=None, keepdim=False):
+    axes = _axes(dim, x.ndim)
+    ddof = 1 if correction is None else correction
+    return ga.var(x, axis=axes, ddof=ddof, keepdims=keepdim), ga.mean(x, axis=axes, keepdims=keepdim)
+
+
+@row("aten.scatter.value", needs=("arange", "reshape", "equal", "where"))
+def _scatter_value(ga, x, dim, index, value):
+    """One index per position along ``dim`` (nll_loss's backward writes a one-hot): where(iota == index, value, x)."""
+    dim %= x.ndim
+    if index.ndim != x.ndim or index.shape[dim] != 1 or any(
+            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
+        raise NotImplementedError(f"scatter of index shape {tuple(index.shape)} into {tuple(x.shape)} along {dim} "
+                                  "(only one index per position along dim is mapped)")
+    iota = ga.reshape(ga.arange(x.shape[dim], dtype=index.dtype), tuple(x.shape[d] if d == dim else 1
+                                                                          for d in range(x.ndim)))
+    return ga.where(ga.equal(iota, index), np.asarray(value, dtype=x.dtype)[()], x)
+
+
+@row("aten.index_put.default", needs=("one_hot", "reshape", "transpose", "matmul", "add"))
+def _index_put(ga, x, indices, values, accumulate=False):
+    """``x[idx] += values`` along axis 0 (an embedding's backward) as ``x + one_hot(idx).T @ values``: a product."""
+    given = [i for i in indices if i is not None]
+    if not accumulate or len(indices) != 1 or len(given) != 1:
+        raise NotImplementedError("index_put is mapped only with accumulate=True and one index tensor on axis 0")
+    idx = given[0]
+    if not hasattr(idx, "chunks"):
+        idx = ga.from_array(np.asarray(idx))
+    flat = ga.reshape(idx, (-1,))
+    rows = ga.reshape(values, (flat.shape[0], -1)) if values.ndim != 2 else values
+    hot = ga.one_hot(flat, x.shape[0], dtype=x.dtype)
+    return ga.add(x, ga.reshape(ga.matmul(ga.transpose(hot), rows), tuple(x.shape)))
+
+
+@row("aten.slice_scatter.default", needs=("getitem", "concatenate"))
+def _slice_scatter(ga, x, src, dim=0, start=None, end=None, step=1):
+    dim %= x.ndim
+    s, e, st = slice(start, end, step).indices(x.shape[dim])
+    if st != 1:
+        raise NotImplementedError(f"slice_scatter with step {st} (only step 1 is mapped)")
+    pieces = [ga.getitem(x, (slice(None),) * dim + (slice(0, s),)) if s > 0 else None, src,
+              ga.getitem(x, (slice(None),) * dim + (slice(e, None),)) if e < x.shape[dim] else None]
+    pieces = [p for p in pieces if p is not None]
+    return pieces[0] if len(pieces) == 1 else ga.concatenate(pieces, axis=dim)
+
+
+@row("aten.copy_.default", "aten.copy.default", needs=("broadcast_to", "astype"))
+def _copy(ga, dst, src, non_blocking=False):
+    """Functionally: the new value (a functionalized graph copies updated buffers into its inputs last)."""
+    if not hasattr(src, "chunks"):
+        src = ga.full(tuple(dst.shape), src, dtype=dst.dtype)
+    if tuple(src.shape) != tuple(dst.shape):
+        src = ga.broadcast_to(src, tuple(dst.shape))
+    return src if src.dtype == dst.dtype else ga.astype(src, dst.dtype)
+
+
+@row("aten.empty.memory_format", "aten.zeros.default", "aten.new_zeros.default", needs="zeros")
+def _empty(ga, *args, dtype=None, **_ignored):
+    size = args[-1]  # new_zeros(x, size): the size is last
+    return ga.zeros(tuple(int(s) for s in size), dtype=dtype or "float32")
+
+
+def _dilate(ga, g, axis, s):
+    """Zeros between the entries of ``g`` along ``axis`` (stride ``s``): a strided convolution's gradient input."""
+    if s == 1:
+        return g
+    n = g.shape[axis]
+    g = ga.expand_dims(g, axis + 1)
+    widths = [(0, 0)] * g.ndim
+    widths[axis + 1] = (0, s - 1)
+    g = ga.pad(g, tuple(widths), constant_values=0)
+    g = ga.reshape(g, tuple(g.shape[:axis]) + (n * s,) + tuple(g.shape[axis + 2:]))
+    return ga.getitem(g, (slice(None),) * axis + (slice(0, (n - 1) * s + 1),))
+
+
+@row("aten.convolution_backward.default", needs=("conv2d", "transpose", "getitem", "pad", "expand_dims", "reshape",
+                                                 "sum"))
+def _convolution_backward(ga, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    """A 2-d convolution's gradients as convolutions (so volunteers compute them and Freivalds checks them):
+    input: the dilated gradient against the flipped, transposed weight; weight: the input (channels as batch)
+    against the gradient (as the weight), stride and dilation swapped."""
+    if transposed or groups != 1 or x.ndim != 4:
+        raise NotImplementedError("convolution_backward is mapped for 2-d, non-transposed, groups=1 convolutions")
+    (sh, sw), (ph, pw), (dh, dw) = tuple(stride), tuple(padding), tuple(dilation)
+    kh, kw = weight.shape[2], weight.shape[3]
+    gi = gw = gb = None
+    if output_mask[0]:
+        g = _dilate(ga, _dilate(ga, grad, 2, sh), 3, sw)
+        qh, qw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+        if qh < 0 or qw < 0:
+            raise NotImplementedError(f"convolution_backward with padding {padding} larger than the kernel's reach")
+        flipped = ga.getitem(weight, (slice(None), slice(None), slice(None, None, -1), slice(None, None, -1)))
+        gi = ga.conv2d(g, ga.transpose(flipped, (1, 0, 2, 3)), None, padding=(qh, qw), dilation=(dh, dw))
+        eh, ew = x.shape[2] - gi.shape[2], x.shape[3] - gi.shape[3]  # rows the strided forward never read
+        if eh or ew:
+            gi = ga.pad(gi, ((0, 0), (0, 0), (0, eh), (0, ew)), constant_values=0)
+    if output_mask[1]:
+        w = ga.conv2d(ga.transpose(x, (1, 0, 2, 3)), ga.transpose(grad, (1, 0, 2, 3)), None, stride=(dh, dw),
+                      padding=(ph, pw), dilation=(sh, sw))
+        if w.shape[2] != kh or w.shape[3] != kw:
+            w = ga.getitem(w, (slice(None), slice(None), slice(0, kh), slice(0, kw)))
+        gw = ga.transpose(w, (1, 0, 2, 3))
+    if output_mask[2] and bias_sizes is not None:
+        gb = ga.sum(grad, axis=(0, 2, 3))
+    return gi, gw, gb
+
+
 # -- creation ------------------------------------------------------------------------------------
 
 @row("aten.full.default", needs="full")

@@ -105,8 +105,17 @@ def accept(raw_key: Any, result: Any, *operands: Any, op: OpSpec, params: dict, 
         out = check.lab_result()
     else:
         out = check.run(result, verification)
-    publish_verdicts(check.verdicts, check.seconds, check.cpu_seconds)
+    publish_verdicts(check.verdicts, check.seconds, check.cpu_seconds, flops=task_flops(op, operands, params))
     return out
+
+
+def task_flops(op: OpSpec, operands: tuple, params: dict) -> float:
+    """The task's work by the catalog's cost model (the volunteer's credit for an accepted result), 0 when
+    the cost rule refuses the operands.  Computed here, on the lab worker, from the operands it holds."""
+    try:
+        return max(0.0, float(op.cost_of(*operands, **params).flops))
+    except Exception:
+        return 0.0
 
 
 def _method_name(verification: Verification) -> str:
@@ -337,7 +346,7 @@ def ask_policy(raw_key: Any) -> dict | None:
     return sync(worker.loop, getattr(worker.scheduler, POLICY_HANDLER), key=raw_key)
 
 
-def publish_verdicts(verdicts: list, seconds: float, cpu_seconds: float = 0.0) -> None:
+def publish_verdicts(verdicts: list, seconds: float, cpu_seconds: float = 0.0, flops: float = 0.0) -> None:
     """Attach the verdicts to this check task's metadata: the lab node's ledger reads them
     when the task finishes, so a verdict counts only if the scheduler accepts this run of
     the check (not one it cancelled because its input was lost and recomputed elsewhere)."""
@@ -347,4 +356,4 @@ def publish_verdicts(verdicts: list, seconds: float, cpu_seconds: float = 0.0) -
     ts = worker.state.tasks.get(worker.get_current_task())
     if ts is not None:
         ts.metadata[VERDICTS] = {"seconds": float(seconds), "cpu_seconds": float(cpu_seconds),
-                                 "verdicts": [list(v) for v in verdicts]}
+                                 "flops": float(flops), "verdicts": [list(v) for v in verdicts]}

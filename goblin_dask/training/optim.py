@@ -1,0 +1,93 @@
+"""The lab's side of a training round: sum the micro-batches' checked gradients, step the optimizer.
+
+NumPy only (this runs on the lab worker, which never needs torch).  The updates are torch's
+single-tensor SGD / Adam / AdamW, operation for operation in the parameters' dtype, so a round
+matches ``optimizer.step()`` to rounding.  Hyperparameters come per parameter from the torch
+optimizer's ``param_groups`` at each round (a learning-rate schedule applies as in torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+KINDS = ("sgd", "adam", "adamw")
+
+
+def _assemble(blocks: Any) -> np.ndarray:
+    from goblin_dask.array.core import finalize
+
+    return finalize(blocks)
+
+
+def sgd(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
+    """torch.optim.sgd._single_tensor_sgd."""
+    if h["maximize"]:
+        g = -g
+    if h["weight_decay"] != 0:
+        g = g + h["weight_decay"] * p
+    if h["momentum"] != 0:
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = g.copy()
+        else:
+            buf = buf * h["momentum"] + (1 - h["dampening"]) * g
+        state["momentum_buffer"] = buf
+        g = g + h["momentum"] * buf if h["nesterov"] else buf
+    return p + (-h["lr"]) * g
+
+
+def adam(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
+    """torch.optim.adam._single_tensor_adam (AdamW: ``decoupled_weight_decay``)."""
+    if h["maximize"]:
+        g = -g
+    step = float(state.get("step", 0.0)) + 1
+    state["step"] = step
+    lr, (beta1, beta2), wd = h["lr"], h["betas"], h["weight_decay"]
+    if wd != 0:
+        if h["decoupled_weight_decay"]:
+            p = p * (1 - lr * wd)
+        else:
+            g = g + wd * p
+    ea = state.get("exp_avg", np.zeros_like(p))
+    eas = state.get("exp_avg_sq", np.zeros_like(p))
+    w = 1 - beta1
+    ea = ea + w * (g - ea) if w < 0.5 else g - (g - ea) * (1 - w)  # torch's lerp
+    eas = eas * beta2 + (1 - beta2) * g * g
+    state["exp_avg"], state["exp_avg_sq"] = ea, eas
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = lr / bias_correction1
+    if h["amsgrad"]:
+        eas = np.maximum(state.get("max_exp_avg_sq", np.zeros_like(p)), eas)
+        state["max_exp_avg_sq"] = eas
+    denom = np.sqrt(eas) / bias_correction2 ** 0.5 + h["eps"]
+    return p + (-step_size) * (ea / denom)
+
+
+def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
+              losses: Sequence[Any], grads: Sequence[Sequence[Any]], buffers: Sequence[Any]) -> dict:
+    """One optimizer step from the micro-batches' results (the task at the end of a round's graph).
+
+    ``grads[i][j]``: micro-batch i's gradient of parameter j (blocks as the graph's keys nest them);
+    the gradient is ``sum_i weights[i] * grads[i][j]`` in the parameter's dtype, in micro-batch order
+    (torch's accumulation of ``(w_i * loss_i).backward()``).
+    """
+    new_params, new_state = [], []
+    for j, (blocks, h) in enumerate(zip(params, hyper)):
+        p = _assemble(blocks)
+        g = None
+        for i, w in enumerate(weights):
+            gi = _assemble(grads[i][j]) * p.dtype.type(w)
+            g = gi if g is None else g + gi
+        s = dict(state[j])
+        if h["kind"] == "sgd":
+            p = sgd(p, g, s, h)
+        else:
+            p = adam(p, g, s, h)
+        new_params.append(np.asarray(p, dtype=p.dtype))
+        new_state.append(s)
+    loss = float(sum(w * float(_assemble(l)) for w, l in zip(weights, losses)))
+    return {"params": new_params, "state": new_state, "loss": loss,
+            "buffers": [_assemble(b) for b in buffers]}

@@ -1,0 +1,391 @@
+"""``Trainer``: one verified round on the grid per optimizer step.
+
+A round is one dask graph: for each micro-batch, the joint forward+backward graph
+(:mod:`goblin_dask.training.joint`) built with ``ga`` calls, its products on volunteers
+(Freivalds-checked) and the rest placed and checked like any ga computation; then one task on
+the lab worker (:func:`goblin_dask.training.optim.lab_round`) that sums the micro-batches'
+checked gradients and steps the optimizer with torch's mathematics.  The parameters, buffers
+and optimizer state live with the lab (this process and the lab worker) as NumPy arrays; they
+enter each round's graph as lab data (``ga.from_array``).  torch is used only to trace.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from goblin_dask.training import optim
+
+_SUPPORTED = ("SGD", "Adam", "AdamW")
+
+
+@dataclass
+class Stage:
+    """A group of consecutive top-level layers and the bytes of their parameters."""
+
+    index: int
+    layers: list[str]
+    parameter_bytes: int
+
+
+@dataclass
+class Plan:
+    """The cut of a model: ``stages`` (consecutive layers, each under ``stage_memory`` where a layer
+    allows), ``micro_batches``.  Tiles are the array layer's blocks (sized from volunteer memory)."""
+
+    stages: list[Stage]
+    micro_batches: int
+    stage_memory: int | None = None
+    parameter_bytes: int = field(default=0)
+
+
+def _layers(module: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Top-level layers in order, containers (``Sequential``, ``ModuleList``) opened: ``blocks.0``, ``blocks.1``."""
+    out = []
+    for name, child in module.named_children():
+        full = f"{prefix}{name}"
+        if type(child).__name__ in ("Sequential", "ModuleList") and len(list(child.children())):
+            out.extend(_layers(child, full + "."))
+        else:
+            out.append((full, child))
+    return out
+
+
+def _plan(model: Any, micro_batches: int, stage_memory: int | None) -> Plan:
+    layers = [(name, sum(p.numel() * p.element_size() for p in child.parameters()))
+              for name, child in _layers(model)]
+    own = sum(p.numel() * p.element_size() for p in model.parameters(recurse=False))
+    if own:
+        layers.insert(0, ("<root>", own))
+    if not layers:
+        layers = [("<root>", 0)]
+    stages: list[Stage] = []
+    for name, nbytes in layers:
+        if stages and (stage_memory is None or stages[-1].parameter_bytes + nbytes <= stage_memory):
+            stages[-1].layers.append(name)
+            stages[-1].parameter_bytes += nbytes
+        else:
+            stages.append(Stage(len(stages), [name], nbytes))
+    return Plan(stages, micro_batches, stage_memory, sum(s.parameter_bytes for s in stages))
+
+
+def _hyper(group: dict, kind: str) -> dict:
+    def num(v: Any) -> Any:
+        return float(v.item()) if hasattr(v, "item") else v
+
+    if group.get("differentiable") or group.get("capturable"):
+        raise ValueError(f"{kind}: differentiable/capturable optimizers are not supported on the grid")
+    h = {"kind": "sgd" if kind == "SGD" else "adam", "lr": float(num(group["lr"])),
+         "weight_decay": float(num(group.get("weight_decay", 0.0))), "maximize": bool(group.get("maximize", False))}
+    if kind == "SGD":
+        h.update(momentum=float(num(group.get("momentum", 0.0))), dampening=float(num(group.get("dampening", 0.0))),
+                 nesterov=bool(group.get("nesterov", False)))
+    else:
+        h.update(betas=tuple(float(num(b)) for b in group["betas"]), eps=float(group["eps"]),
+                 amsgrad=bool(group.get("amsgrad", False)),
+                 decoupled_weight_decay=bool(group.get("decoupled_weight_decay", kind == "AdamW")))
+    return h
+
+
+class Trainer:
+    """Train ``model`` on the grid: ``step(x, y) -> loss``, ``fit(batches)``, ``state_dict()``, ``plan``.
+
+    ``loss_fn(output, target)`` is traced with the model (torch's backward, core ATen, the capture
+    table); ``optimizer`` a ``torch.optim.SGD``/``Adam``/``AdamW`` over the model's parameters,
+    read at each round.  ``micro_batches`` splits each batch (forward+backward graphs in parallel,
+    gradients summed at the lab: torch's gradient accumulation of ``loss_i * n_i / n``); BatchNorm in
+    train mode updates its running statistics micro-batch after micro-batch, as torch would.
+    """
+
+    def __init__(self, model: Any, loss_fn: Callable, optimizer: Any, micro_batches: int = 4,
+                 stage_memory: int | None = None, client: Any = None, *, checkpoint_dir: Any = None,
+                 checkpoint_every: int = 0):
+        kind = type(optimizer).__name__
+        if kind not in _SUPPORTED or not hasattr(optimizer, "param_groups"):
+            raise TypeError(f"optimizer {kind}: the grid steps torch.optim.SGD, Adam and AdamW")
+        if not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+        self.model, self.loss_fn, self.optimizer, self.kind = model, loss_fn, optimizer, kind
+        self.micro_batches, self.client = micro_batches, client
+        named = dict(model.named_parameters())
+        by_id = {id(p): n for n, p in named.items()}
+        self._group_of: dict[str, int] = {}
+        for gi, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in by_id:
+                    raise ValueError(f"{kind} holds a parameter of shape {tuple(p.shape)} that is not the model's")
+                self._group_of[by_id[id(p)]] = gi
+        # parameters the optimizer does not hold are still differentiated, never stepped: keep them out
+        self.param_names = [n for n in named if n in self._group_of]
+        frozen = [n for n in named if n not in self._group_of]
+        if frozen:
+            raise ValueError(f"parameters {frozen[:3]} are not in the optimizer (freezing is not supported yet)")
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+        self._params = {n: named[n].detach().cpu().numpy().copy() for n in self.param_names}
+        self._buffers = {n: b.detach().cpu().numpy().copy() for n, b in model.named_buffers()}
+        self._state = [self._torch_state(optimizer.state.get(named[n], {})) for n in self.param_names]
+        self._alias = {n: by_id[id(t)] for n, t in model.named_parameters(remove_duplicate=False)}
+        self._joint: dict[tuple, Any] = {}
+        self.history: list[dict] = []
+        self.rounds = 0
+        self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every or 0)
+        if self.checkpoint_every and checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs a checkpoint_dir (e.g. the lab node's state dir)")
+        if stage_memory is None and client is not None:
+            stage_memory = _volunteer_stage_memory(client)
+        self.plan = _plan(model, micro_batches, stage_memory)
+
+    @staticmethod
+    def _torch_state(s: dict) -> dict:
+        out = {}
+        for k, v in s.items():
+            if v is None:
+                continue
+            out[k] = float(v.item()) if k == "step" else v.detach().cpu().numpy().copy()
+        return out
+
+    # -- a round ----------------------------------------------------------------------------
+
+    def _check(self, x: np.ndarray, y: np.ndarray) -> None:
+        if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"step: inputs of shape {x.shape} and targets of shape {y.shape} need the same batch size")
+        if x.shape[0] < self.micro_batches:
+            raise ValueError(f"step: a batch of {x.shape[0]} cannot be cut into {self.micro_batches} micro-batches")
+        dtypes = {a.dtype for a in self._params.values() if a.dtype.kind == "f"}
+        if x.dtype.kind == "f" and dtypes and x.dtype not in dtypes:
+            raise TypeError(f"step: inputs are {x.dtype}, the model's parameters {sorted(d.name for d in dtypes)}")
+        if x.dtype.kind not in "fiu" or y.dtype.kind not in "fiub":
+            raise TypeError(f"step: inputs {x.dtype} / targets {y.dtype} (numeric arrays, integer token ids)")
+
+    def _graph_for(self, x: np.ndarray, y: np.ndarray) -> Any:
+        key = (x.shape, x.dtype.str, y.shape, y.dtype.str)
+        if key not in self._joint:
+            from goblin_dask.training.joint import trace
+
+            self._joint[key] = trace(self.model, self.loss_fn, x, y, self.param_names, self.buffer_names)
+        return self._joint[key]
+
+    def _hyperparameters(self) -> list[dict]:
+        groups = [_hyper(g, self.kind) for g in self.optimizer.param_groups]
+        return [groups[self._group_of[n]] for n in self.param_names]
+
+    def round_graph(self, x: Any, y: Any) -> tuple[dict, str]:
+        """The round's dask graph and the key of its last task (the lab's optimizer step)."""
+        import goblin_dask.array as ga
+        from dask._task_spec import DataNode, List, Task, TaskRef
+        from dask.base import tokenize
+
+        from goblin_dask.array.graph import optimize
+
+        x, y = np.asarray(x), np.asarray(y)
+        self._check(x, y)
+        n = x.shape[0]
+        parts = np.array_split(np.arange(n), self.micro_batches)
+        weights = [len(p) / n for p in parts]
+        params = [ga.from_array(self._params[k]) for k in self.param_names]
+        bufs = [ga.from_array(self._buffers[k]) for k in self.buffer_names]
+        losses, grads = [], []
+        P = len(params)
+        for idx in parts:
+            xi, yi = x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]
+            out = self._graph_for(xi, yi)(*params, *bufs, xi, yi)
+            out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
+            losses.append(out[0])
+            grads.append(out[1:1 + P])
+            bufs = out[1 + P:]  # the next micro-batch's forward sees the running statistics so far
+        arrays = [*params, *losses, *(g for gs in grads for g in gs), *bufs]
+        dsk: dict = {}
+        for a in arrays:
+            dsk.update(dict(a.__dask_graph__()))
+        dsk = optimize(dsk, [a.__dask_keys__() for a in arrays])
+
+        def refs(a: Any) -> Any:
+            def nest(k):
+                return List(*(nest(e) for e in k)) if isinstance(k, list) else TaskRef(k)
+            return nest(a.__dask_keys__())
+
+        tok = tokenize(self.rounds, [a.name for a in arrays])
+        hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
+        dsk[hyper_key] = DataNode(hyper_key, self._hyperparameters())
+        dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
+        dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
+                             TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
+                             List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
+        return dsk, step_key
+
+    def _client(self) -> Any:
+        if self.client is None:
+            from distributed import get_client
+
+            self.client = get_client()
+        return self.client
+
+    def step(self, x: Any, y: Any) -> float:
+        """One round on NumPy inputs: forward+backward of every micro-batch on the grid, checked; the
+        optimizer step at the lab.  Returns the batch's mean loss (before the step)."""
+        before = self._report()
+        t0 = time.perf_counter()
+        dsk, key = self.round_graph(x, y)
+        out = self._client().get(dsk, key)
+        seconds = time.perf_counter() - t0
+        for k, v in zip(self.param_names, out["params"]):
+            self._params[k] = v
+        for k, v in zip(self.buffer_names, out["buffers"]):
+            self._buffers[k] = np.asarray(v, dtype=self._buffers[k].dtype).reshape(self._buffers[k].shape)
+        self._state = out["state"]
+        self.rounds += 1
+        self.history.append({"round": self.rounds, "loss": out["loss"], "seconds": seconds,
+                             "verification": _delta(before, self._report())})
+        if self.checkpoint_every and self.rounds % self.checkpoint_every == 0:
+            self.save(self.checkpoint_dir)
+        return out["loss"]
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save(self, directory: Any) -> str:
+        """Write ``directory/round-NNNNNN`` (``arrays.npz``: parameters, buffers, optimizer state, torch's RNG
+        state; ``meta.json``: round, names, steps, history) and point ``directory/latest`` at it.  No pickle;
+        written to a temporary name and renamed, so a crash leaves the previous checkpoint whole."""
+        import json
+        import os
+        import shutil
+
+        import torch
+
+        root = os.fspath(directory)
+        os.makedirs(root, exist_ok=True)
+        name = f"round-{self.rounds:06d}"
+        tmp = os.path.join(root, f".{name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        arrays = {f"param/{k}": v for k, v in self._params.items()}
+        arrays.update({f"buffer/{k}": v for k, v in self._buffers.items()})
+        scalars: list[dict] = []
+        for i, st in enumerate(self._state):
+            scalars.append({k: v for k, v in st.items() if not isinstance(v, np.ndarray)})
+            arrays.update({f"state/{i}/{k}": v for k, v in st.items() if isinstance(v, np.ndarray)})
+        arrays["rng/torch"] = torch.get_rng_state().numpy()
+        np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
+        meta = {"format": "goblin-dask.training/1", "round": self.rounds, "optimizer": self.kind,
+                "param_names": self.param_names, "buffer_names": self.buffer_names, "state_scalars": scalars,
+                "history": self.history}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        final = os.path.join(root, name)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        with open(os.path.join(root, ".latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(root, ".latest.tmp"), os.path.join(root, "latest"))
+        return final
+
+    def load(self, path: Any) -> "Trainer":
+        """Continue from a checkpoint :meth:`save` wrote (a ``round-NNNNNN`` folder, or its parent: the latest)."""
+        import json
+        import os
+
+        import torch
+
+        path = os.fspath(path)
+        if os.path.exists(os.path.join(path, "latest")):
+            with open(os.path.join(path, "latest")) as f:
+                path = os.path.join(path, f.read().strip())
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta.get("format") != "goblin-dask.training/1":
+            raise ValueError(f"{path} is not a training checkpoint (format {meta.get('format')!r})")
+        if meta["param_names"] != self.param_names or meta["buffer_names"] != self.buffer_names:
+            raise ValueError(f"checkpoint {path} is of another model: parameters {meta['param_names'][:3]}..., "
+                             f"this model has {self.param_names[:3]}...")
+        if meta["optimizer"] != self.kind:
+            raise ValueError(f"checkpoint {path} holds {meta['optimizer']} state, the optimizer is {self.kind}")
+        with np.load(os.path.join(path, "arrays.npz"), allow_pickle=False) as z:
+            for k in self.param_names:
+                a = z[f"param/{k}"]
+                if a.shape != self._params[k].shape or a.dtype != self._params[k].dtype:
+                    raise ValueError(f"checkpoint {path}: {k} is {a.dtype}{a.shape}, the model's "
+                                     f"{self._params[k].dtype}{self._params[k].shape}")
+                self._params[k] = a
+            for k in self.buffer_names:
+                self._buffers[k] = z[f"buffer/{k}"]
+            state = [dict(s) for s in meta["state_scalars"]]
+            for key in z.files:
+                if key.startswith("state/"):
+                    _, i, name = key.split("/", 2)
+                    state[int(i)][name] = z[key]
+            torch.set_rng_state(torch.from_numpy(z["rng/torch"].copy()))
+        self._state = state
+        self.rounds = int(meta["round"])
+        self.history = list(meta["history"])
+        return self
+
+    @classmethod
+    def resume(cls, path: Any, model: Any, loss_fn: Callable, optimizer: Any, **kwargs: Any) -> "Trainer":
+        """A Trainer for ``model`` continuing from the checkpoint at ``path`` (see :meth:`load`)."""
+        return cls(model, loss_fn, optimizer, **kwargs).load(path)
+
+    def fit(self, batches: Iterable, progress: bool = True) -> list[dict]:
+        """Run a round per ``(x, y)`` batch (``step`` records loss, seconds and the ledger's verification of each
+        round in ``history``); returns the history."""
+        for x, y in batches:
+            self.step(x, y)
+            if progress:
+                entry = self.history[-1]
+                v, loss, seconds = entry["verification"] or {}, entry["loss"], entry["seconds"]
+                print(f"round {self.rounds}: loss {loss:.5f}, {seconds:.2f} s, "
+                      f"{v.get('accepted', 0)} checked results, {v.get('rejected', 0)} rejected", file=sys.stderr)
+        return self.history
+
+    def _report(self) -> dict | None:
+        try:
+            from goblin_dask.node import rpc
+
+            c = self._client()
+            return c.sync(getattr(c.scheduler, rpc.REPORT))
+        except Exception:  # a plain dask cluster without the ledger
+            return None
+
+    # -- results ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """torch names -> NumPy arrays (parameters, tied names included, and buffers): ``model.load_state_dict`` takes it
+        (through ``{k: torch.from_numpy(v)}``, or directly: torch converts)."""
+        out = {}
+        for name in self.model.state_dict():
+            if name in self._alias:
+                out[name] = self._params[self._alias[name]].copy()
+            elif name in self._buffers:
+                out[name] = self._buffers[name].copy()
+        return out
+
+    def load_into(self, model: Any) -> Any:
+        """Copy the trained parameters and buffers into a torch ``model`` (returns it)."""
+        import torch
+
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.state_dict().items()})
+        return model
+
+
+def _delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    by = {k: v - before.get("by_method", {}).get(k, 0) for k, v in after.get("by_method", {}).items()}
+    return {"tasks": after.get("tasks", 0) - before.get("tasks", 0),
+            "accepted": after.get("accepted", 0) - before.get("accepted", 0),
+            "rejected": after.get("rejected", 0) - before.get("rejected", 0),
+            "by_method": {k: v for k, v in by.items() if v}}
+
+
+def _volunteer_stage_memory(client: Any) -> int | None:
+    """A quarter of the smallest volunteer's memory limit (None where the workers say nothing)."""
+    try:
+        workers = client.scheduler_info()["workers"].values()
+    except Exception:
+        return None
+    limits = [w.get("memory_limit") for w in workers if "goblin-volunteer" in (w.get("resources") or {})]
+    limits = [m for m in limits if m]
+    return min(limits) // 4 if limits else None

@@ -1,0 +1,165 @@
+"""The lab's page ``/goblin/`` and its data ``/goblin/api/status``, over HTTP(S) from real processes.
+
+The site is a ``LabNode.local(volunteers=2)`` serving its dashboard over HTTPS with
+``goblin.dashboard.trust-loopback: false`` (a client on 127.0.0.1 is a stranger, as in
+``test_dashboard_port``): a stranger reads totals only, a signed-in lab admin the volunteers too.
+The page itself is a script polling ``/goblin/api/status``; without a browser here (Chromium is
+not installed), the tests read what the page reads, during a computation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import dask
+import numpy as np
+import pytest
+
+from goblin_dask import LabNode
+from tests.access_helpers import Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
+from tests.conftest import blocked_product_graph, wait_for
+
+ADMIN = "admin@lab.example"
+BLOCK = 48
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def site(mailbox, tmp_path_factory):
+    tls = localhost_tls(tmp_path_factory.mktemp("lab-page-tls"))
+    config = {"goblin.smtp": {"host": "127.0.0.1", "port": mailbox.port, "from": "goblin lab <signin@lab.example>"},
+              "goblin.admins": [ADMIN], "goblin.dashboard": {"trust-loopback": False}}
+    with pytest.MonkeyPatch.context() as env, dask.config.set(config):
+        env.setenv("DASK_DISTRIBUTED__SCHEDULER__DASHBOARD__TLS__CERT", str(tls.cert))
+        env.setenv("DASK_DISTRIBUTED__SCHEDULER__DASHBOARD__TLS__KEY", str(tls.key))
+        node = LabNode.local(volunteers=2, lab_threads=1)
+    with node:
+        yield Site(node, tls)
+
+
+def _status(client: WebClient) -> dict:
+    response = client.get("/goblin/api/status")
+    assert response.status == 200 and response.headers["Content-Type"].startswith("application/json")
+    return json.loads(response.body)
+
+
+def test_the_page_is_served_to_anyone_with_a_strict_content_policy(site):
+    page = WebClient(site, source_ip="127.0.0.41").get("/goblin/")
+    assert page.status == 200 and "goblin lab node" in page.body and "/goblin/api/status" in page.body
+    policy = page.headers["Content-Security-Policy"]
+    nonce = re.search(r"'nonce-([^']+)'", policy).group(1)
+    assert f'<script nonce="{nonce}">' in page.body and "default-src 'none'" in policy
+    assert WebClient(site, source_ip="127.0.0.41").get("/goblin/").headers["Content-Security-Policy"] != policy
+
+
+def test_live_numbers_during_a_computation_totals_for_strangers_volunteers_for_admins(site, mailbox):
+    node = site.node
+    stranger = WebClient(site, source_ip="127.0.0.42")
+    before = _status(stranger)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((8 * BLOCK, 8 * BLOCK)), rng.standard_normal((8 * BLOCK, 8 * BLOCK))
+    dsk, keys, _ = blocked_product_graph(a, b, BLOCK)
+    futures = node.client.get(dsk, keys, sync=False)
+    seen = []
+
+    def in_flight():
+        status = _status(stranger)
+        seen.append(status)
+        return any(c["in_flight"] and 0 < c["done"] < c["tasks"] for c in status["computations"])
+
+    wait_for(in_flight, "the computation in flight, part done, on /goblin/api/status", interval=0.02)
+    node.client.gather(futures)
+    wait_for(lambda: _status(stranger)["accepted"] >= before["accepted"] + len(keys), "every result verified")
+    after = _status(stranger)
+    assert after["tasks"] > before["tasks"] and after["by_method"]["freivalds"] >= len(keys)
+    assert after["credit"] > before["credit"] and after["connected"] == 2 and after["overhead"] > 0
+    assert not any(c["in_flight"] for c in after["computations"][-1:])
+    # a stranger sees totals: no volunteer names, no addresses, no keys
+    text = json.dumps(after)
+    assert "volunteers" not in after and after["volunteer_count"] == 2
+    for secret in [*node.volunteer_names(), *node.volunteer_addresses().values(), node.lab_worker_address(),
+                   str(keys[0][0])]:
+        assert secret not in text
+    assert seen[-1]["tasks"] < after["tasks"]  # the numbers moved while the page polled
+
+    admin = WebClient(site, source_ip="127.0.0.43")
+    assert sign_in(admin, mailbox, ADMIN).status == 303
+    rows = {v["name"]: v for v in _status(admin)["volunteers"]}
+    assert set(rows) == set(node.volunteer_names())
+    report = node.report()["volunteers"]
+    for name, row in rows.items():
+        assert row["status"] == "running" and row["threads"] == 1 and row["memory"] > 0
+        assert row["accepted"] == report[name]["accepted"] and row["credit"] == report[name]["credit"] > 0
+        assert {"trust", "rejected", "banned", "late", "exposure"} <= set(row)
+
+
+@pytest.fixture(scope="module")
+def browser(request, tmp_path_factory):
+    """Headless Chromium trusting the site's certificate (as in test_access_web), keeping the console's log."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.skip(f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
+                    "(apt-get install chromium chromium-driver)")
+    site = request.getfixturevalue("site")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--window-size=1100,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+                f"--ignore-certificate-errors-spki-list={site.tls.spki_sha256}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def test_the_page_in_a_browser_updates_live_during_a_computation_without_console_errors(site, browser):
+    from selenium.webdriver.common.by import By
+
+    node = site.node
+    browser.get(site.base + "/goblin/")
+    wait_for(lambda: browser.execute_script("return document.body.dataset.updated || ''"), "the page's first poll")
+    browser.execute_script("window.goblinSamePage = true")  # gone if the page reloaded
+    tasks = lambda: int(browser.find_element(By.ID, "tasks").text)  # noqa: E731
+    before = tasks()
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((8 * BLOCK, 8 * BLOCK)), rng.standard_normal((8 * BLOCK, 8 * BLOCK))
+    dsk, keys, _ = blocked_product_graph(a, b, BLOCK)
+    futures = node.client.get(dsk, keys, sync=False)
+    wait_for(lambda: tasks() > before, "the page to show new tasks during the computation")
+    node.client.gather(futures)
+    wait_for(lambda: tasks() >= before + len(keys), "the page to show every task")
+    assert browser.execute_script("return window.goblinSamePage === true")  # live, without a reload
+    assert browser.find_elements(By.CSS_SELECTOR, "#verified polyline")  # the plot over time is drawn
+    assert "freivalds" in browser.find_element(By.ID, "methods").text
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_a_lab_admin_revokes_a_volunteer_from_the_page_with_the_xsrf_token(site, mailbox):
+    """Last: it disconnects one of the site's volunteers."""
+    node = site.node
+    name = node.volunteer_names()[0]
+    stranger = WebClient(site, source_ip="127.0.0.44")
+    stranger.get("/goblin/")  # (gets its own XSRF cookie)
+    assert stranger.post("/goblin/api/revoke", name=name).status == 403  # no session: the guard refuses it
+    admin = WebClient(site, source_ip="127.0.0.45")
+    assert sign_in(admin, mailbox, ADMIN).status == 303
+    page = admin.get("/goblin/")
+    assert page.status == 200 and 'name="goblin-xsrf"' in page.body
+    assert _status(admin)["can_revoke"] and not _status(stranger)["can_revoke"]
+    assert admin.request("POST", "/goblin/api/revoke", {"name": name}, xsrf=False).status == 403  # no XSRF token
+    assert name in node.volunteer_names()
+    response = admin.post("/goblin/api/revoke", name=name)
+    assert response.status == 200 and json.loads(response.body) == {"revoked": name, "closed": 1}
+    wait_for(lambda: name not in node.volunteer_names(), f"{name} to be disconnected")
+    assert admin.post("/goblin/api/revoke", name="nobody-here").status == 404
+

@@ -1,0 +1,368 @@
+"""Issue 18: training on the grid, against torch's own training from the same initial weights and batches.
+
+Every test runs real rounds on the embedded grid (lab node + 2 volunteer processes on 127.0.0.1):
+the micro-batches' forward+backward products on volunteers (Freivalds-checked), the gradient sum
+and the optimizer step on the lab worker.  The reference is torch's gradient accumulation over the
+same micro-batches (``(loss_i * n_i / n).backward()``, then ``optimizer.step()``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dask  # noqa: E402
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from goblin_dask.training import Trainer  # noqa: E402
+from tests.torch_models import GPT  # noqa: E402
+
+#: send even these small products to volunteers, so every round is computed and checked on the grid
+TO_VOLUNTEERS = {"goblin.placement.min-flops": 0, "goblin.placement.min-intensity": 0,
+                 "goblin.placement.min-product-intensity": 0}
+
+
+def torch_rounds(model, loss_fn, optimizer, batches, micro_batches):
+    """torch's own training: gradient accumulation over the same micro-batches, one step per batch."""
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        total = 0.0
+        for idx in np.array_split(np.arange(len(x)), micro_batches):
+            xi, yi = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+            loss = loss_fn(model(xi), yi) * (len(idx) / len(x))
+            loss.backward()
+            total += float(loss.detach())
+        optimizer.step()
+        losses.append(total)
+    return losses
+
+
+def grid_rounds(lab, model, loss_fn, optimizer, batches, micro_batches):
+    trainer = Trainer(model, loss_fn, optimizer, micro_batches=micro_batches, client=lab.client)
+    with dask.config.set(TO_VOLUNTEERS):
+        history = trainer.fit(batches, progress=False)
+    return trainer, [h["loss"] for h in history], history
+
+
+def assert_same_training(trainer, losses, ref_model, ref_losses, tol):
+    np.testing.assert_allclose(losses, ref_losses, rtol=tol, atol=tol)
+    got, want = trainer.state_dict(), ref_model.state_dict()
+    assert set(got) == set(want)
+    for name, w in want.items():
+        w = w.detach().numpy()
+        assert got[name].shape == w.shape and got[name].dtype == w.dtype, name
+        np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol, err_msg=name)
+
+
+def assert_checked_on_volunteers(history):
+    """Every round: volunteer results accepted by the lab's checks, products by Freivalds, none rejected."""
+    for h in history:
+        v = h["verification"]
+        assert v["rejected"] == 0 and v["accepted"] > 0
+        assert v["by_method"].get("freivalds", 0) > 0
+        assert h["seconds"] > 0
+
+
+def classification_batches(n_batches, batch, features, classes, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, *features)).astype(np.float32),
+             rng.integers(0, classes, batch, dtype=np.int64)) for _ in range(n_batches)]
+
+
+# -- 1. an MLP with SGD + momentum -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_mlp_sgd_momentum_matches_torch_over_8_steps_with_4_micro_batches(lab):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 5))
+    ref = copy.deepcopy(model)
+    batches = classification_batches(8, 16, (12,), 5, seed=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+    trainer, losses, history = grid_rounds(lab, model, F.cross_entropy, opt, batches, 4)
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+
+    assert_same_training(trainer, losses, ref, ref_losses, 1e-4)
+    assert losses[-1] < losses[0]
+    assert_checked_on_volunteers(history)
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in trainer.state_dict().items()})
+    assert trainer.plan.micro_batches == 4 and sum(s.parameter_bytes for s in trainer.plan.stages) == \
+        sum(p.numel() * 4 for p in model.parameters())
+
+
+# -- 2. a small CNN with BatchNorm in train mode -----------------------------------------------------
+
+#: products (convolutions, linear layers) to volunteers; elementwise work stays at the lab (the default rule)
+PRODUCTS_TO_VOLUNTEERS = {"goblin.placement.min-flops": 0, "goblin.placement.min-product-intensity": 0}
+
+
+class SmallCNN(nn.Module):
+    """conv-bn-relu, a strided conv-bn-relu, global average pool, linear: BatchNorm in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 12, 3, stride=2, padding=1), nn.BatchNorm2d(12), nn.ReLU())
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+@pytest.mark.slow
+def test_cnn_with_batch_norm_in_train_mode_matches_torch_over_5_steps(lab):
+    torch.manual_seed(2)
+    model = SmallCNN().train()
+    ref = copy.deepcopy(model)
+    batches = classification_batches(5, 16, (3, 9, 9), 5, seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+
+    trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=lab.client)
+    with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
+        history = trainer.fit(batches, progress=False)
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    # the running statistics moved (20 micro-batch forwards), and match torch's
+    state = trainer.state_dict()
+    assert int(state["features.1.num_batches_tracked"]) == 20
+    assert not np.allclose(state["features.1.running_var"], 1.0)
+    assert_checked_on_volunteers(history)
+
+
+# -- 3. a GPT-style language model with AdamW ------------------------------------------------------
+
+VOCAB, CONTEXT = 17, 8
+
+
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@pytest.mark.slow
+def test_gpt_language_model_with_adamw_matches_torch_over_5_steps(lab):
+    torch.manual_seed(4)
+    model = GPT(vocab=VOCAB, d=16, heads=2, context=CONTEXT, layers=2).train()
+    ref = copy.deepcopy(model)
+    rng = np.random.default_rng(5)
+    batches = []
+    for _ in range(5):
+        ids = rng.integers(0, VOCAB, (8, CONTEXT + 1), dtype=np.int64)
+        batches.append((ids[:, :-1].copy(), ids[:, 1:].copy()))  # next-token targets
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
+
+    trainer = Trainer(model, lm_loss, opt, micro_batches=4, client=lab.client, stage_memory=8000)
+    with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
+        history = trainer.fit(batches, progress=False)
+    ref_losses = torch_rounds(ref, lm_loss, ref_opt, batches, 4)
+
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 2e-3)
+    assert_checked_on_volunteers(history)
+    # the plan: embeddings together, each decoder block its own stage (13 kB > 8 kB), then norm + head
+    assert [s.layers for s in trainer.plan.stages] == [["tok", "pos"], ["blocks.0"], ["blocks.1"], ["ln", "head"]]
+    assert sum(s.parameter_bytes for s in trainer.plan.stages) == sum(p.numel() * 4 for p in model.parameters())
+
+
+# -- 4. a cheating volunteer during training --------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_cheating_volunteer_never_corrupts_a_gradient():
+    """One honest volunteer and one that adds noise to every result: training still equals torch's
+    (every corrupted result was rejected and recomputed before the lab summed it), the cheater is banned."""
+    from goblin_dask.node.local import LabNode
+
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
+    ref = copy.deepcopy(model)
+    batches = classification_batches(6, 16, (12,), 4, seed=7)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    with LabNode.local(volunteers=1) as node:
+        honest = node.volunteer_names()
+        cheater = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "noise"))
+        trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
+        with dask.config.set(TO_VOLUNTEERS):
+            history = trainer.fit(batches, progress=False)
+        report = node.report()
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    assert report["volunteers"][cheater]["rejected"] >= 1 and report["volunteers"][cheater]["banned"]
+    assert all(report["volunteers"][h]["rejected"] == 0 and not report["volunteers"][h]["banned"] for h in honest)
+    assert sum(h["verification"]["rejected"] for h in history) >= 1
+
+
+# -- 4b. a volunteer killed in the middle of a round -------------------------------------------------
+
+@pytest.mark.slow
+def test_a_volunteer_killed_in_the_middle_of_a_round_the_round_completes_right():
+    import threading
+    import time
+
+    from goblin_dask.node.local import LabNode
+    from tests.conftest import wait_for
+
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    ref = copy.deepcopy(model)
+    batches = classification_batches(3, 16, (12,), 4, seed=13)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    with LabNode.local(volunteers=2) as node:
+        victim = node.volunteer_names()[0]
+        trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
+        with dask.config.set(TO_VOLUNTEERS):
+            trainer.step(*batches[0])
+            done = node.report()["volunteers"][victim]["accepted"]
+            errors = []
+
+            def round_two():
+                try:
+                    trainer.step(*batches[1])
+                except Exception as e:  # pragma: no cover - reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=round_two)
+            t.start()
+            wait_for(lambda: node.report()["volunteers"][victim]["accepted"] > done or not t.is_alive(),
+                     f"{victim} to finish a task of round 2", interval=0.02)
+            in_flight = t.is_alive()
+            node.kill_volunteer(victim)
+            t.join()
+            assert not errors, errors
+            assert in_flight, "round 2 finished before the volunteer could be killed"
+            trainer.step(*batches[2])
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+    assert_same_training(trainer, [h["loss"] for h in trainer.history], ref, ref_losses, 1e-4)
+    assert all(h["verification"]["rejected"] == 0 for h in trainer.history)
+
+
+# -- 5. checkpoints ---------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_resuming_from_a_checkpoint_continues_the_same_training(lab, tmp_path):
+    """4 rounds with a checkpoint every 2; a new Trainer resumed from round 2 (fresh model and optimizer)
+    reaches the same parameters and Adam state as the uninterrupted run."""
+    torch.manual_seed(10)
+    model = nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Linear(16, 3))
+    initial = copy.deepcopy(model)
+    batches = classification_batches(4, 8, (10,), 3, seed=11)
+    trainer = Trainer(model, F.cross_entropy, torch.optim.Adam(model.parameters(), lr=1e-2), micro_batches=2,
+                      client=lab.client, checkpoint_dir=tmp_path, checkpoint_every=2)
+    with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
+        trainer.fit(batches, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "round-000002", "round-000004"]
+    assert (tmp_path / "latest").read_text() == "round-000004"
+
+    again = copy.deepcopy(initial)
+    resumed = Trainer.resume(tmp_path / "round-000002", again, F.cross_entropy,
+                             torch.optim.Adam(again.parameters(), lr=1e-2), micro_batches=2, client=lab.client)
+    assert resumed.rounds == 2 and len(resumed.history) == 2
+    with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
+        resumed.fit(batches[2:], progress=False)
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in trainer.history], abs=1e-6)
+    for name, want in trainer.state_dict().items():
+        np.testing.assert_allclose(resumed.state_dict()[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert resumed._state[0]["step"] == 4.0
+    with pytest.raises(ValueError, match="another model"):
+        other = nn.Linear(10, 3)
+        Trainer.resume(tmp_path, other, F.cross_entropy, torch.optim.Adam(other.parameters()))
+
+
+# -- fast: the lab's optimizer mathematics, the contract's errors, no torch in goblin_dask ------------
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, maximize=True),
+    lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.01),
+    lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.3, 0.9), amsgrad=True),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+], ids=["sgd", "sgd-momentum-dampening-wd", "sgd-nesterov-maximize", "adam-wd", "adam-amsgrad-beta", "adamw"])
+def test_the_labs_optimizer_step_is_torchs(make):
+    from goblin_dask.training import optim
+    from goblin_dask.training.trainer import _hyper
+
+    rng = np.random.default_rng(8)
+    p0 = rng.standard_normal((5, 7)).astype(np.float32)
+    t = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    opt = make([t])
+    p, state = p0.copy(), {}
+    for _ in range(6):
+        g = rng.standard_normal((5, 7)).astype(np.float32)
+        t.grad = torch.from_numpy(g.copy())
+        opt.step()
+        h = _hyper(opt.param_groups[0], type(opt).__name__)
+        p = (optim.sgd if h["kind"] == "sgd" else optim.adam)(p, g, state, h)
+        assert p.dtype == np.float32
+    np.testing.assert_allclose(p, t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_bad_input_is_refused_before_anything_is_sent():
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="RMSprop"):
+        Trainer(model, F.mse_loss, torch.optim.RMSprop(model.parameters()))
+    with pytest.raises(ValueError, match="micro_batches"):
+        Trainer(model, F.mse_loss, opt, micro_batches=0)
+    other = nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="not the model's"):
+        Trainer(model, F.mse_loss, torch.optim.SGD(other.parameters(), lr=0.1))
+    trainer = Trainer(model, F.mse_loss, opt, micro_batches=4)
+    x, y = np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    with pytest.raises(ValueError, match=r"\(8, 4\).*\(6, 2\)"):
+        trainer.round_graph(x, y[:6])
+    with pytest.raises(ValueError, match="batch of 2 cannot be cut into 4"):
+        trainer.round_graph(x[:2], y[:2])
+    with pytest.raises(TypeError, match="float64.*float32"):
+        trainer.round_graph(x.astype(np.float64), y)
+
+
+def test_an_operator_the_catalog_lacks_is_refused_at_trace_time_with_its_place():
+    from goblin_dask.torch_capture import UnsupportedOperator
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 2)).train()
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(UnsupportedOperator, match=r"aten\.bernoulli(.|\n)*dropout\.py"):
+        trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
+
+
+def test_the_round_is_one_graph_ending_at_the_lab():
+    """Per micro-batch forward+backward catalog tasks, then one task (the lab's optimizer step) that reads them all."""
+    from dask._task_spec import Task
+
+    from goblin_dask.ops import CatalogTask
+
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2)
+    x = np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32)
+    y = np.arange(6, dtype=np.int64) % 3
+    dsk, key = trainer.round_graph(x, y)
+    others = [k for k, t in dsk.items() if isinstance(t, Task) and not isinstance(t, CatalogTask) and
+              getattr(t.func, "__module__", "").startswith("goblin_dask.training")]
+    assert others == [key]
+    assert sum(isinstance(t, CatalogTask) and t.op.name == "matmul" for t in dsk.values()) >= 2 * 3  # fwd + bwd, per micro-batch
+    assert trainer.plan.micro_batches == 2 and [s.layers for s in trainer.plan.stages] == [["0", "1", "2"]]
+    cut = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), stage_memory=120).plan
+    assert [s.layers for s in cut.stages] == [["0"], ["1", "2"]]  # 224 bytes > 120: its own stage; 0 + 108 fit
+
+
+def test_goblin_dask_and_the_training_package_import_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, goblin_dask, goblin_dask.training; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
