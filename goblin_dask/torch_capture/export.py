@@ -85,6 +85,21 @@ def _shape(val: Any) -> list | None:
     return [int(s) if isinstance(s, int) or str(s).lstrip("-").isdigit() else str(s) for s in shape]
 
 
+def fx_arg(torch: Any, v: Any, names: dict) -> Any:
+    """An fx node's argument as the Graph IR's JSON value (``names``: fx node -> IR name)."""
+    if isinstance(v, torch.fx.Node):
+        return {"ref": names[v]}
+    if isinstance(v, torch.dtype):
+        return {"dtype": _dtype_name(v)}
+    if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+        return None
+    if isinstance(v, (list, tuple)):
+        return [fx_arg(torch, x, names) for x in v]
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError(f"a symbolic value {v} outside a graph node")
+    return encode(v)
+
+
 def capture(module: Any, example_inputs: tuple, *, dynamic_batch: bool = True) -> Graph:
     """``module`` (a ``torch.nn.Module``) as a :class:`Graph` of catalog operations.
 
@@ -136,17 +151,7 @@ def capture(module: Any, example_inputs: tuple, *, dynamic_batch: bool = True) -
     names: dict[Any, str] = {}
 
     def arg(v: Any) -> Any:
-        if isinstance(v, torch.fx.Node):
-            return {"ref": names[v]}
-        if isinstance(v, torch.dtype):
-            return {"dtype": _dtype_name(v)}
-        if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
-            return None
-        if isinstance(v, (list, tuple)):
-            return [arg(x) for x in v]
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            raise TypeError(f"a symbolic value {v} outside a graph node")
-        return encode(v)
+        return fx_arg(torch, v, names)
 
     for node in ep.graph_module.graph.nodes:
         if node.op == "placeholder":

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from goblin_dask.torch_capture import aten
-from goblin_dask.torch_capture.export import _dtype_name, _shape, _target, where
-from goblin_dask.torch_capture.graph import Graph, UnsupportedOperator, encode
+from goblin_dask.torch_capture.export import _dtype_name, _shape, _target, fx_arg, where
+from goblin_dask.torch_capture.graph import Graph, UnsupportedOperator
 
 
 def _decompositions(torch: Any) -> dict:
@@ -70,15 +70,7 @@ def _to_graph(torch: Any, gm: Any, examples: Sequence[Any]) -> Graph:
     inputs, constants, nodes, outputs, names = [], {}, [], [], {}
 
     def arg(v: Any) -> Any:
-        if isinstance(v, torch.fx.Node):
-            return {"ref": names[v]}
-        if isinstance(v, torch.dtype):
-            return {"dtype": _dtype_name(v)}
-        if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
-            return None
-        if isinstance(v, (list, tuple)):
-            return [arg(e) for e in v]
-        return encode(v)
+        return fx_arg(torch, v, names)
 
     placeholders = iter(examples)
     for node in gm.graph.nodes:
