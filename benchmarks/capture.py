@@ -107,6 +107,24 @@ def stream_breakdown(stream: list[dict], vol_addrs: set, lab_addr: str) -> dict:
     return res
 
 
+def process_cpu(node) -> dict[str, float]:
+    """CPU seconds (user + system, children included) of the grid's processes so far: lab worker,
+    scheduler, volunteers (summed)."""
+    import psutil
+
+    from goblin_dask.roles import LAB_WORKER_NAME
+
+    out: dict[str, float] = {}
+    for part, proc in node.processes.items():
+        try:
+            t = psutil.Process(proc.pid).cpu_times()
+        except psutil.Error:
+            continue
+        where = "lab worker" if part == LAB_WORKER_NAME else ("scheduler" if part == "scheduler" else "volunteers")
+        out[where] = out.get(where, 0.0) + t.user + t.system + t.children_user + t.children_system
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
@@ -202,6 +220,7 @@ def main(argv=None) -> int:
                     warm["rep0"] = True
                     return o.compute()
                 if "ts" not in warm:
+                    warm["cpu"] = process_cpu(node)
                     warm["rep"] = node.report()
                     warm["ts"] = get_task_stream(client=node.client)
                     warm["ts"].__enter__()
@@ -211,6 +230,8 @@ def main(argv=None) -> int:
             ts, rep0 = warm["ts"], warm["rep"]
             ts.__exit__(None, None, None)
             rep1 = node.report()
+            cpu1 = process_cpu(node)
+            r["cpu"] = {part: cpu1[part] - warm["cpu"].get(part, 0.0) for part in cpu1}
             r["grid_err"] = float(np.abs(res - ref).max())
             r["stream"] = stream_breakdown(ts.data, vol, lab)
             r["report"] = {k: (rep1[k] - rep0[k]) if isinstance(rep1.get(k), (int, float)) and
@@ -264,6 +285,17 @@ def markdown(cmd: str, args, r: dict, t_capture: float, nparams: int) -> str:
                   f"{rep.get('tasks')} volunteer tasks ledgered, accepted {rep.get('accepted')}, rejected "
                   f"{rep.get('rejected')}, by method {rep.get('by_method')}, overhead {rep.get('overhead', 0):.2f}, seconds {rep.get('seconds')}.  "
                   f"Grid start {r['grid_start']:.1f} s (not in the passes)."]
+        cpu = {k: v / args.repeat for k, v in (r.get("cpu") or {}).items()}
+        if cpu:
+            total = sum(cpu.values())
+            lab_side = cpu.get("lab worker", 0.0) + cpu.get("scheduler", 0.0)
+            lines += ["", "CPU seconds per pass (processes' user + system over the timed passes): "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in sorted(cpu.items()))
+                      + f"; in all {total:.3f} s, against torch's forward of {r['torch']:.3f} s wall on {os.cpu_count()} cores.  A pass cannot take less than that CPU spread over the "
+                      f"{os.cpu_count()} cores: here the grid cannot pass {r['torch'] * os.cpu_count() / total:.2f}x torch, "
+                      f"and the lab node's own share alone (lab worker and scheduler, {lab_side:.3f} s: the checks, "
+                      f"lab-only ops, moving blocks, scheduling) caps it at "
+                      f"{r['torch'] * os.cpu_count() / max(lab_side, 1e-9):.2f}x whatever the volunteers do."]
     return "\n".join(lines) + "\n"
 
 

@@ -63,11 +63,14 @@ class RefusedByNode(RuntimeError):
 
 
 def _volunteer_worker_class():
+    import numpy as np
     from distributed import Worker
     from distributed.core import Status
-    from distributed.worker_state_machine import ExecuteFailureEvent
+    from distributed.worker_state_machine import ComputeTaskEvent, ExecuteFailureEvent, GatherDepSuccessEvent
+    from distributed.worker_state_machine import UpdateDataEvent
 
     from goblin_dask.ops import task_violation
+    from goblin_dask.panel_cache import PanelCache, cache_limit, cacheable_key
 
     class VolunteerWorker(Worker):
         """A distributed Worker that refuses everything but catalog operations.
@@ -76,6 +79,10 @@ def _volunteer_worker_class():
         from a volunteer"): it never announces the inputs it fetched (``add-keys``: a
         volunteer is no source of lab data; it frees them itself once its tasks used
         them), and its errors travel as text, never as pickled exceptions.
+
+        Input blocks of the lab's data it received stay in a bounded cache in its memory
+        (:mod:`goblin_dask.panel_cache`): a later task that reads one is served from there, not
+        fetched again, and the lab node is told which keys it holds (placement prefers it).
         """
 
         def __init__(self, *args, **kwargs):
@@ -83,6 +90,7 @@ def _volunteer_worker_class():
             super().__init__(*args, **kwargs)
             self.goblin_fetched: set = set()
             self.goblin_done = 0  # tasks it finished
+            self.goblin_cache = PanelCache(cache_limit(self.memory_manager.memory_limit))
 
         @property
         def status(self):
@@ -147,6 +155,50 @@ def _volunteer_worker_class():
             if op in ("task-finished", "task-erred", "reschedule") and self.goblin_fetched:
                 self.loop.add_callback(self.free_used_inputs)
 
+        def handle_stimulus(self, *stims):
+            if self.goblin_cache.limit > 0 and any(isinstance(ev, ComputeTaskEvent) for ev in stims):
+                stims = self._goblin_from_cache(stims)
+            super().handle_stimulus(*stims)
+
+        def _goblin_from_cache(self, stims) -> list:
+            """Before each task's arrival, its inputs this volunteer keeps go into memory (no transfer).
+
+            They enter as data the scheduler does not know of (as a scatter would: no message), and
+            are freed once used like fetched inputs (they stay in the cache)."""
+            out = []
+            for ev in stims:
+                if isinstance(ev, ComputeTaskEvent):
+                    data = {}
+                    for dep, nbytes in ev.nbytes.items():
+                        ts = self.state.tasks.get(dep)
+                        if (ts is None or ts.state == "released") and cacheable_key(dep):
+                            value = self.goblin_cache.get(dep, nbytes)
+                            if value is not None:
+                                data[dep] = value
+                    if data:
+                        self.goblin_fetched.update(data)
+                        out.append(UpdateDataEvent(data=data, stimulus_id=f"goblin-cache-{ev.stimulus_id}"))
+                out.append(ev)
+            return out
+
+        async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
+            ev = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+            if isinstance(ev, GatherDepSuccessEvent):
+                cache = self.goblin_cache
+                for key, value in ev.data.items():
+                    cache.fetched_bytes += int(getattr(value, "nbytes", 0) or 0)
+                    if type(value) is np.ndarray and cacheable_key(key):
+                        ts = self.state.tasks.get(key)
+                        cache.put(key, value, ts.nbytes if ts is not None else None)
+                hint = cache.take_hint()
+                if hint is not None:  # which keys it holds: placement prefers it for tasks reading them
+                    super().batched_send(hint)
+            return ev
+
+        async def close(self, *args, **kwargs):
+            self.goblin_cache.clear()  # memory only: nothing outlives the worker
+            return await super().close(*args, **kwargs)
+
         def free_used_inputs(self):
             """Free fetched inputs that no task of this volunteer still needs."""
             from distributed.worker_state_machine import FreeKeysEvent
@@ -183,8 +235,11 @@ def _volunteer_worker_class():
     return VolunteerWorker
 
 
-def prepare_process(gpu: bool | None) -> str:
+def prepare_process(gpu: bool | None, gpu_memory_fraction: float | None = None) -> str:
     """Harden and warm up this process; returns the kernel backend chosen.
+
+    ``gpu_memory_fraction``: on the GPU backend, the share of the GPU's memory cupy's memory pool may hold
+    (``cupy.get_default_memory_pool().set_limit(fraction=...)``); without a usable GPU, a warning.
 
     BLAS and numba run one thread per task thread, as in a ``dask worker`` under its
     nanny (``OMP/OPENBLAS/MKL_NUM_THREADS=1``): ``--nthreads`` is what the volunteer
@@ -217,11 +272,154 @@ def prepare_process(gpu: bool | None) -> str:
             backend = "gpu"
         except Exception as e:  # no cupy or no device
             if gpu:
-                raise click.UsageError(f"--gpu asked, but no usable GPU: {e}") from e
+                seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+                raise click.UsageError(f"--gpu asked, but no usable GPU{f' (CUDA_VISIBLE_DEVICES={seen})' if seen else ''}"
+                                       f": {e}") from e
+    if gpu_memory_fraction is not None:
+        if backend == "gpu":
+            cupy.get_default_memory_pool().set_limit(fraction=gpu_memory_fraction)
+            logger.info("GPU memory: at most %.0f%% of the GPU's memory", 100 * gpu_memory_fraction)
+        else:
+            logger.warning("--gpu-memory-fraction %s ignored: no usable GPU (cupy and a CUDA device)",
+                           gpu_memory_fraction)
     ops.set_backend(backend)
     compiled = ops.warm_up()
     logger.info("catalog ready: %d ops, %d numba kernels compiled, backend %s", len(ops.catalog()), compiled, backend)
     return backend
+
+
+# -- GPUs: one worker process per GPU ---------------------------------------------------------
+
+
+def parse_gpus(value: str | None) -> list[int] | None:
+    """``--gpus 0,1`` -> ``[0, 1]`` (device indices as this process sees them); None: not asked."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in str(value).split(",")]
+    if not parts or any(not p.isdigit() for p in parts):
+        raise click.BadParameter(f"{value!r}: GPU indices separated by commas, e.g. 0 or 0,1", param_hint="--gpus")
+    gpus = [int(p) for p in parts]
+    if len(set(gpus)) != len(gpus):
+        raise click.BadParameter(f"{value!r} names a GPU twice (one worker per GPU)", param_hint="--gpus")
+    return gpus
+
+
+def check_gpu_memory_fraction(value: float | None) -> float | None:
+    if value is not None and not (0.0 < value <= 1.0):
+        raise click.BadParameter(f"{value}: a fraction of the GPU's memory, above 0 and at most 1",
+                                 param_hint="--gpu-memory-fraction")
+    return value
+
+
+def gpu_worker_plan(gpus: list[int], tokens: list[str], *, environ: dict, address: str, nthreads: int,
+                    memory_limit: str, gpu_memory_fraction: float | None = None, state_dir: str | None = None,
+                    local_directory: str | None = None, status_port: int = 0, only_when_idle: bool = False,
+                    idle_threshold: float = 25.0, max_attempts: int | None = None) -> list[dict]:
+    """One worker process per GPU: ``[{"gpu", "env", "argv"}]``, ``argv`` for ``goblin volunteer``.
+
+    Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES``; an index counts among the devices this process
+    sees, so ``CUDA_VISIBLE_DEVICES=2,3`` with ``--gpus 1`` is device 3) and joins with its own credential
+    (``tokens[i]``: the lab node admits a name once; passed in ``GOBLIN_TOKEN``, not on the command line),
+    its own state directory and scratch directory (``DIR/gpuN`` when one is given) and status port
+    (``PORT + i`` when one is given).  Pure: it starts nothing.
+    """
+    if len(tokens) != len(gpus):
+        raise click.BadParameter(
+            f"{len(gpus)} GPU(s) and {len(tokens)} credential(s): each GPU's worker joins with a credential of its "
+            "own (ask the lab for one `goblin enroll` per GPU, and pass --token once per GPU)", param_hint="--token")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",")] if visible else None
+    plan = []
+    for i, (gpu, token) in enumerate(zip(gpus, tokens)):
+        if devices is not None and gpu >= len(devices):
+            raise click.BadParameter(f"GPU {gpu}: this process sees {len(devices)} (CUDA_VISIBLE_DEVICES={visible})",
+                                     param_hint="--gpus")
+        env = {**environ, "CUDA_VISIBLE_DEVICES": devices[gpu] if devices is not None else str(gpu),
+               "GOBLIN_TOKEN": token}
+        env.pop("GOBLIN_VOLUNTEER_STATE_DIR", None)  # each worker's own, below
+        argv = [address, "--gpu", "--nthreads", str(nthreads), "--memory-limit", str(memory_limit),
+                "--status-port", str(status_port + i if status_port > 0 else status_port)]
+        if gpu_memory_fraction is not None:
+            argv += ["--gpu-memory-fraction", repr(float(gpu_memory_fraction))]
+        if state_dir is not None:
+            argv += ["--state-dir", os.path.join(state_dir, f"gpu{gpu}")]
+        if local_directory is not None:
+            argv += ["--local-directory", os.path.join(local_directory, f"gpu{gpu}")]
+        if only_when_idle:
+            argv += ["--only-when-idle", "--idle-threshold", repr(float(idle_threshold))]
+        if max_attempts is not None:
+            argv += ["--max-attempts", str(max_attempts)]
+        plan.append({"gpu": gpu, "env": env, "argv": argv})
+    return plan
+
+
+def require_cupy() -> None:
+    """``--gpus`` needs cupy: a clear error without it."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        raise click.UsageError("--gpus needs cupy, which is not installed here (e.g. pip install cupy-cuda12x); "
+                               "without it this volunteer computes on the CPU (leave out --gpus)")
+
+
+def check_gpu_count(gpus: list[int]) -> None:
+    """The CUDA devices ``gpus`` exist here: a clear error otherwise."""
+    import cupy
+
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        raise click.UsageError(f"--gpus: no usable CUDA device ({e})") from e
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise click.UsageError(f"--gpus: no GPU {', '.join(map(str, missing))} here ({count} CUDA device(s))")
+
+
+def run_gpu_workers(plan: list[dict]) -> int:
+    """Start ``goblin volunteer`` once per plan entry and wait for them; SIGINT/SIGTERM stop them all.
+    Their status lines come through this process, a line per change (each names its volunteer): several
+    workers rewriting one terminal line would garble it.  Returns the worst exit code."""
+    import signal
+    import subprocess
+    import threading
+
+    procs = [subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", *w["argv"]], env=w["env"],
+                              stdout=subprocess.PIPE, text=True, bufsize=1) for w in plan]
+
+    def relay(stream) -> None:
+        for line in stream:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    relays = [threading.Thread(target=relay, args=(proc.stdout,), daemon=True) for proc in procs]
+    for thread in relays:
+        thread.start()
+
+    def stop(signum, frame):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        codes = [proc.wait() for proc in procs]
+        for thread in relays:
+            thread.join()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return max(codes, key=abs, default=0)
+
+
+def _gpu_limits() -> dict | None:
+    """The GPUs this process sees and cupy's memory pool limit in bytes (0: none), for the status page."""
+    try:
+        import cupy
+
+        return {"devices": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
+                "memory_limit": int(cupy.get_default_memory_pool().get_limit())}
+    except Exception:
+        return None
 
 
 def text_errors() -> None:
@@ -316,8 +514,11 @@ class Agent:
             "credit_flops": float(self.lab.get("credit", 0.0)),
             "accepted": int(self.lab.get("accepted", 0)), "rejected": int(self.lab.get("rejected", 0)),
             "trust": int(self.lab.get("trust", 0)),
-            "limits": {"threads": self.nthreads, "memory": memory or self.memory_limit, "backend": self.backend},
+            "limits": {"threads": self.nthreads, "memory": memory or self.memory_limit, "backend": self.backend,
+                       "gpu": _gpu_limits() if self.backend == "gpu" else None},
             "uptime": time.time() - self.started,
+            # the panels it keeps for later tasks (goblin_dask.panel_cache): hits, bytes, limit, fetched_bytes
+            "cache": w.goblin_cache.stats() if w is not None and hasattr(w, "goblin_cache") else {},
         }
 
     def line(self) -> str:
@@ -439,13 +640,15 @@ def _control_app(agent: Agent, token: str, port_of):
     class Page(Handler):
         def get(self):
             st = agent.status()
+            gpu = st["limits"].get("gpu")
+            gpu = f" (GPU {gpu['devices']}, memory pool limit {gpu['memory_limit'] or 'none'} B)" if gpu else ""
             rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (
                 ("state", st["state"]), ("lab", st["lab"]), ("tasks done", st["tasks_done"]),
                 ("verified", f"{st['accepted']} accepted, {st['rejected']} rejected"),
                 ("credit", _flops(st["credit_flops"])), ("trust", st["trust"]),
                 ("computing now", ", ".join(st["computing"]) or "-"),
                 ("limits", f"{st['limits']['threads']} threads, memory {st['limits']['memory']}, "
-                           f"{st['limits']['backend']}")))
+                           f"{st['limits']['backend']}{gpu}")))
             self.set_header("Cache-Control", "no-store")
             self.write(_PAGE.format(name=html.escape(agent.name), rows=rows, token=html.escape(token),
                                     action="resume" if "you" in agent.paused_by else "pause"))
@@ -698,13 +901,18 @@ CONTROL_ACTIONS = ("pause", "resume", "status")
 
 @click.command("volunteer", context_settings={"show_default": True})
 @click.argument("address", metavar="ADDRESS|pause|resume|status")
-@click.option("--token", "token", default=None, envvar="GOBLIN_TOKEN",
-              help="credential from `goblin enroll` (the string, or a file holding it)")
+@click.option("--token", "token", multiple=True, envvar="GOBLIN_TOKEN",
+              help="credential from `goblin enroll` (the string, or a file holding it); with --gpus, one per GPU")
 @click.option("--name", default=None,
               help="the name the credential was issued for (checked); with pause|resume|status: which volunteer")
 @click.option("--nthreads", default=1, type=int, help="threads that compute catalog operations")
 @click.option("--memory-limit", default="auto", help="memory this volunteer lends, e.g. 4GB")
 @click.option("--gpu/--no-gpu", default=None, help="use cupy kernels on a GPU (default: when one is usable)")
+@click.option("--gpus", default=None, metavar="I,J,...",
+              help="which GPUs: one worker process per GPU, each seeing only its own (CUDA_VISIBLE_DEVICES) and "
+                   "joining with its own --token; needs cupy")
+@click.option("--gpu-memory-fraction", default=None, type=float,
+              help="share of each GPU's memory the volunteer's kernels may hold (cupy's memory pool), e.g. 0.5")
 @click.option("--local-directory", default=None, help="scratch directory (default: a private temporary one)")
 @click.option("--state-dir", default=None, envvar="GOBLIN_VOLUNTEER_STATE_DIR",
               help="this volunteer's directory: its control page's address and token while it runs "
@@ -718,19 +926,21 @@ CONTROL_ACTIONS = ("pause", "resume", "status")
 @click.option("--host", default=None, hidden=True,
               help="ignored: a volunteer opens no listening socket (its link to the lab is outbound only)")
 @click.option("--max-attempts", default=None, type=int, help="give up after this many failed connection attempts")
-def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_directory, state_dir, status_port,
-                      only_when_idle, idle_threshold, host, max_attempts):
+def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, gpu_memory_fraction, local_directory,
+                      state_dir, status_port, only_when_idle, idle_threshold, host, max_attempts):
     """Lend this machine to a lab node: compute its catalog operations, nothing else.
 
     \b
     What runs here: only the numeric operations of goblin-dask's catalog (matmul, sums, activations...),
-    on numbers the lab sends, in this process's memory, with at most --nthreads threads and --memory-limit.
+    on numbers the lab sends, in this process's memory, with at most --nthreads threads and --memory-limit
+    (on GPUs: only those of --gpus, at most --gpu-memory-fraction of each).
     What does not: no code of the lab's (no pickled functions, plugins or files; anything else is refused),
     no writes of the lab's data to disk (no spilling; the scratch directory is removed on exit), and no
     port the network can reach (the link to the lab is outbound; the status page listens on 127.0.0.1 only).
 
     \b
     goblin volunteer ADDRESS --token CREDENTIAL   join the lab node at ADDRESS and compute
+    goblin volunteer ADDRESS --gpus 0,1 --token C0 --token C1   a worker per GPU, each with its credential
     goblin volunteer pause|resume [--name NAME]   the running volunteer takes no new tasks / takes them again
     goblin volunteer status [--name NAME]         its status: tasks done, verified work, credit, trust
     """
@@ -739,21 +949,43 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
         click.echo(f"{st['name']}: {st['state']} | {st['tasks_done']} tasks done | verified {st['accepted']} "
                    f"({st['rejected']} rejected) | credit {_flops(st['credit_flops'])} | trust {st['trust']}")
         return
-    if token is None:
+    if not token:
         raise click.BadParameter("a credential is needed to join a lab node (ask the lab for `goblin enroll`)",
                                  param_hint="--token")
+    gpu_list = parse_gpus(gpus)
+    check_gpu_memory_fraction(gpu_memory_fraction)
+    if gpu_list is not None:
+        if gpu is False:
+            raise click.BadParameter("--gpus with --no-gpu: leave out one of them", param_hint="--gpus")
+        gpu = True
+        require_cupy()
+        if len(gpu_list) > 1 and name is not None:
+            raise click.BadParameter("with several GPUs each worker has its credential's name: leave out --name",
+                                     param_hint="--name")
+        plan = gpu_worker_plan(gpu_list, list(token), environ=dict(os.environ), address=address,
+                               nthreads=nthreads, memory_limit=memory_limit, gpu_memory_fraction=gpu_memory_fraction,
+                               state_dir=state_dir, local_directory=local_directory, status_port=status_port,
+                               only_when_idle=only_when_idle, idle_threshold=idle_threshold, max_attempts=max_attempts)
+        if len(plan) > 1:  # a worker process per GPU, each with its own credential
+            names = [_load_credential(t).name for t in token]
+            if len(set(names)) != len(names):
+                raise click.BadParameter("the same credential twice: each GPU's worker needs its own",
+                                         param_hint="--token")
+            check_gpu_count(gpu_list)
+            sys.exit(run_gpu_workers(plan))
+        os.environ["CUDA_VISIBLE_DEVICES"] = plan[0]["env"]["CUDA_VISIBLE_DEVICES"]  # before cupy starts CUDA
+        check_gpu_count([0])  # the one it now sees
+    if len(token) > 1:
+        raise click.BadParameter(f"{len(token)} credentials for one worker (several: one per GPU of --gpus)",
+                                 param_hint="--token")
+    token = token[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin volunteer %(levelname)s %(message)s")
-    from goblin_dask.tls import Credential
-
-    try:
-        credential = Credential.load(token)
-    except (ValueError, OSError) as e:
-        raise click.BadParameter(f"{e} (ask the lab for `goblin enroll`)", param_hint="--token") from None
+    credential = _load_credential(token)
     if name is not None and name != credential.name:
         raise click.BadParameter(f"this credential was issued for {credential.name!r}, not {name!r}", param_hint="--name")
     scratch = None if local_directory else tempfile.mkdtemp(prefix="goblin-volunteer-")
     local_directory = local_directory or scratch
-    backend = prepare_process(gpu)
+    backend = prepare_process(gpu, gpu_memory_fraction)
     try:
         asyncio.run(run_volunteer(address, credential, nthreads=nthreads, memory_limit=memory_limit,
                                   local_directory=local_directory, max_attempts=max_attempts, state_dir=state_dir,
@@ -770,6 +1002,15 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, local_d
     finally:
         if scratch is not None:  # what the lab sent leaves nothing behind on this disk
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load_credential(token: str):
+    from goblin_dask.tls import Credential
+
+    try:
+        return Credential.load(token)
+    except (ValueError, OSError) as e:
+        raise click.BadParameter(f"{e} (ask the lab for `goblin enroll`)", param_hint="--token") from None
 
 
 def main(argv: list[str]) -> None:

@@ -54,8 +54,8 @@ RESEARCHER_HANDLERS = frozenset({
     "queue_create", "queue_put", "queue_get", "queue_qsize", "event_wait", "event_set", "event_clear",
     "event_is_set", "semaphore_register", "semaphore_acquire", "semaphore_release", "semaphore_close",
     "semaphore_refresh_leases", "semaphore_value", "multi_lock_acquire", "multi_lock_release",
-    # goblin, read-only
-    rpc.REPORT,
+    # goblin: the report (read-only); a Trainer's finished rounds, numbers only (scheduler_plugins.training)
+    rpc.REPORT, rpc.TRAINING_ROUND,
 })
 
 

@@ -25,6 +25,9 @@ case the lab node, not the researcher, deals with it:
   times); the tasks it holds go elsewhere.  Placement skips it (the scheduler's
   ``valid_workers``), and when every connected volunteer is excluded the work goes to
   the lab worker rather than waiting.  A volunteer keeps its cooldown across reconnects.
+* **Late.**  A volunteer whose tasks the ledger reissued for missing ``goblin.verification.deadline``
+  (it held them and finished nothing) goes into cooldown at once (:meth:`FaultPlugin.rest`):
+  a computation waits on one slow volunteer for one deadline, not once per task it is given.
 
 Each failure, crash and cooldown is counted in the ledger's per-volunteer record
 (``failed``, ``cooldowns``) and listed, with the volunteer's name and a short reason,
@@ -237,7 +240,14 @@ class FaultPlugin(SchedulerPlugin):
         if n >= self.max_consecutive:
             self._cool(name, n, leaving=leaving)
 
-    def _cool(self, name: str, n: int, leaving: str | None = None) -> None:
+    def rest(self, name: str, why: str) -> None:
+        """A cooldown now for ``name`` (a missed deadline: the ledger reissued what it held), unless it rests already."""
+        if self.is_cooling(name):
+            return
+        self._note(name, "late", None, why)
+        self._cool(name, 1, why=why)
+
+    def _cool(self, name: str, n: int, leaving: str | None = None, why: str | None = None) -> None:
         k = self._cooldowns[name] = self._cooldowns.get(name, 0) + 1
         seconds = self.cooldown * 2 ** min(k - 1, MAX_DOUBLINGS)
         self.cooling[name] = time.monotonic() + seconds
@@ -245,7 +255,7 @@ class FaultPlugin(SchedulerPlugin):
         record = self._record(name)
         if record is not None:
             record.cooldowns += 1
-        reason = f"{n} failures in a row: no work for {seconds:g} s"
+        reason = f"{why or f'{n} failures in a row'}: no work for {seconds:g} s"
         logger.warning("volunteer %s: %s", name, reason)
         self._note(name, "cooldown", None, reason)
         # what it holds goes elsewhere now (not the tasks of a worker being removed: they are released anyway)

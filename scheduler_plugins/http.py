@@ -6,7 +6,8 @@ guard trusts it; see ``scheduler_plugins.dashboard_guard``).
 
 ``/goblin/`` is the lab's page, a live view of ``/goblin/api/status`` (polled every second, no reload):
 totals, verification by method and its overhead, credit, computations in flight with their progress,
-and plots of verified results and throughput over time drawn as plain SVG.  The same rule: everyone
+plots of verified results and throughput over time drawn as plain SVG, and researchers' training runs
+(an opaque id, round, loss, seconds per round, verification counts: numbers only) with their loss curve.  The same rule: everyone
 sees the totals; the per-volunteer table (name, trust, accepted, rejected, banned, late, credit, status,
 threads, memory, exposure) goes to lab admins and trusted loopback.  No keys, no code, no data.
 A signed-in lab admin may revoke a volunteer from the page (``POST /goblin/api/revoke``, with the
@@ -74,6 +75,8 @@ def lab_status(scheduler, ledger, trusted: str | None) -> dict:
         "connected": len(connected),
         "paused": sum(ws.status.name == "paused" for ws in connected.values()),
         "computations": computations(scheduler),
+        # researchers' training runs: an opaque id, rounds, loss, seconds, verification counts (numbers only)
+        "training": training.status() if (training := scheduler.plugins.get("goblin-training")) else {"runs": []},
         "can_revoke": trusted == "admin",
     })
     if trusted:
@@ -173,6 +176,9 @@ th:first-child,td:first-child{text-align:left} svg{border:1px solid #ddd;backgro
 <th>accepted</th><th>rejected</th><th>late</th><th>banned</th><th>credit</th><th>threads</th><th>memory</th>
 <th>exposure</th><th></th></tr></table>
 <h2>Computations</h2><table id="computations"><tr><th>id</th><th>tasks</th><th>done</th><th>progress</th></tr></table>
+<h2>Training runs</h2><p id="no-training">none yet (a <code>Trainer</code> reports each finished round)</p>
+<table id="training" hidden><tr><th>run</th><th>round</th><th>loss</th><th>s / round</th><th>accepted</th><th>rejected</th></tr></table>
+<svg id="loss" width="480" height="160" hidden></svg>
 <script nonce="{nonce}">
 "use strict";
 const hist = [];
@@ -201,6 +207,21 @@ function plot(id,series,colors){const svg=document.getElementById(id);while(svg.
     p.setAttribute("fill","none");p.setAttribute("stroke",colors[k]);p.setAttribute("stroke-width","2");svg.appendChild(p);});
   const l=document.createElementNS("http://www.w3.org/2000/svg","text");l.setAttribute("x",8);l.setAttribute("y",14);
   l.setAttribute("font-size","11");l.textContent="max "+ymax.toPrecision(3);svg.appendChild(l);}
+const RUN_COLORS=["#c63","#36c","#4a8","#a4c","#888","#c3a"];
+function lossPlot(runs){const svg=document.getElementById("loss");while(svg.firstChild)svg.removeChild(svg.firstChild);
+  const W=svg.width.baseVal.value,H=svg.height.baseVal.value,pts=runs.flatMap(r=>r.history.filter(h=>h[1]!=null));
+  if(!pts.length)return;
+  const rmax=Math.max(2,...pts.map(h=>h[0])),lmin=Math.min(...pts.map(h=>h[1])),lmax=Math.max(...pts.map(h=>h[1]));
+  const span=Math.max(lmax-lmin,1e-12),x=r=>((r-1)/(rmax-1)*(W-60)+50).toFixed(1),y=l=>(H-18-(l-lmin)/span*(H-36)).toFixed(1);
+  const text=(x0,y0,t,anchor)=>{const e=document.createElementNS("http://www.w3.org/2000/svg","text");e.setAttribute("x",x0);
+    e.setAttribute("y",y0);e.setAttribute("font-size","11");if(anchor)e.setAttribute("text-anchor",anchor);e.textContent=t;svg.appendChild(e);};
+  text(46,14,lmax.toPrecision(3),"end");text(46,H-16,lmin.toPrecision(3),"end");text(W-8,H-4,"round "+rmax,"end");text(50,H-4,"loss by round","start");
+  runs.slice(-RUN_COLORS.length).forEach((r,k)=>{const h=r.history.filter(e=>e[1]!=null);if(!h.length)return;
+    const p=document.createElementNS("http://www.w3.org/2000/svg",h.length>1?"polyline":"circle");
+    if(h.length>1){p.setAttribute("points",h.map(e=>x(e[0])+","+y(e[1])).join(" "));p.setAttribute("fill","none");
+      p.setAttribute("stroke-width","2");p.setAttribute("stroke",RUN_COLORS[k]);}
+    else{p.setAttribute("cx",x(h[0][0]));p.setAttribute("cy",y(h[0][1]));p.setAttribute("r","3");p.setAttribute("fill",RUN_COLORS[k]);}
+    p.dataset.run=r.id;svg.appendChild(p);});}
 async function tick(){
   try{const s=await (await fetch("/goblin/api/status",{cache:"no-store"})).json();
     set("tasks",s.tasks);set("accepted",s.accepted);set("rejected",s.rejected);
@@ -217,6 +238,11 @@ async function tick(){
       rows("volunteers",s.volunteers.map(v=>[v.name,v.status,v.trust,v.accepted,v.rejected,v.late,v.banned?"yes":"",
         flops(v.credit),v.threads??"-",bytes(v.memory),(100*v.exposure).toFixed(0)+" %",
         s.can_revoke&&!v.banned&&v.status!=="gone"?button(v.name):""]));}
+    const runs=(s.training||{runs:[]}).runs;document.getElementById("no-training").hidden=runs.length>0;
+    document.getElementById("training").hidden=document.getElementById("loss").hidden=!runs.length;
+    rows("training",runs.slice().reverse().map(r=>[r.id,r.round,r.loss==null?"-":r.loss.toPrecision(4),
+      r.seconds==null?"-":r.seconds.toFixed(2),r.accepted,r.rejected]));
+    lossPlot(runs);
     document.body.dataset.updated=String(s.time);
   }catch(e){}
   setTimeout(tick,1000);}

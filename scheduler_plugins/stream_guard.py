@@ -20,7 +20,10 @@ connections (:meth:`StreamGuardPlugin.handle_stream`):
     a no-op for the scheduler, and honest volunteers send stale ones);
   - ``worker-status-change`` of itself to running, paused or closing;
   - ``keep-alive``, ``log-event`` (plain data, under its own topics), and
-    ``request-refresh-who-has`` (answered for the inputs of its own tasks only).
+    ``request-refresh-who-has`` (answered for the inputs of its own tasks only);
+  - ``goblin-cached``: the lab data blocks it keeps (:mod:`goblin_dask.panel_cache`), lists
+    ``add`` and ``remove`` of at most ``MAX_HINT_KEYS`` keys ``(source-<token>, i, ...)`` each,
+    nothing else (a placement hint, :mod:`scheduler_plugins.volunteer_cache`).
 
   Anything else (``add-keys``, ``long-running``, a ``worker`` field naming someone else,
   a task it was not given, a status for another worker, a client op, an unknown op) is
@@ -44,6 +47,7 @@ from typing import Any
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
 from goblin_dask.tls import peer_identity
 from goblin_dask.validation.checks import as_key
 from scheduler_plugins.admission import AdmissionPlugin
@@ -53,13 +57,14 @@ logger = logging.getLogger("goblin_dask.stream_guard")
 #: What a volunteer may send on its worker stream (each op is further checked below).
 VOLUNTEER_STREAM_OPS = frozenset({
     "task-finished", "task-erred", "release-worker-data", "reschedule", "steal-response", "keep-alive",
-    "log-event", "worker-status-change", "request-refresh-who-has",
+    "log-event", "worker-status-change", "request-refresh-who-has", HINT_OP,
 })
 #: Worker-to-scheduler stream ops of distributed 2026.8 (``Scheduler.__init__`` ``worker_handlers``,
 #: plus work stealing's ``steal-response``); a client's stream may send none of them.
 WORKER_STREAM_OPS = frozenset({
     "task-finished", "task-erred", "release-worker-data", "add-keys", "long-running", "reschedule", "keep-alive",
     "log-event", "worker-status-change", "request-refresh-who-has", "steal-response",
+    HINT_OP,  # goblin's own (a volunteer's cache hint); no client may send it either
 })
 #: Statuses a volunteer may report for itself (``closing``: an honest worker says so when it stops).
 VOLUNTEER_STATUSES = frozenset({"running", "paused", "closing", "closing_gracefully", "closed"})
@@ -331,6 +336,22 @@ class StreamGuardPlugin(SchedulerPlugin):
         if not own:
             return None
         return {**msg, "keys": [k for k in keys if k in own]}
+
+    def _goblin_cached(self, worker: str, msg: dict) -> dict | None:
+        extra = set(msg) - {"worker", "add", "remove"}
+        if extra:
+            raise Refused(f"a cache hint with fields {_text(sorted(map(str, extra)), 120)}")
+        out = {"worker": worker}
+        for field in ("add", "remove"):
+            keys = msg.get(field, ())
+            if not isinstance(keys, (list, tuple)) or len(keys) > MAX_HINT_KEYS:
+                raise Refused(f"a cache hint whose '{field}' is not a list of at most {MAX_HINT_KEYS} keys")
+            keys = [as_key(k) for k in keys]
+            bad = next((k for k in keys if not cacheable_key(k)), None)
+            if bad is not None:
+                raise Refused(f"a cache hint naming {_text(bad, 120)}, not a block of the lab's data")
+            out[field] = keys
+        return out
 
 
 def _plain(value: Any, depth: int = 0) -> bool:

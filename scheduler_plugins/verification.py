@@ -27,7 +27,8 @@ holds), added only for accepted results; kept in ``STATE_DIR/credit.json`` acros
 A volunteer asks for its own record on ``goblin_volunteer_status`` (the name is its certificate's).
 
 Deadlines: a volunteer that holds catalog tasks without finishing any for
-``goblin.verification.deadline`` seconds (300) has them reissued to other volunteers.
+``goblin.verification.deadline`` seconds (300) has them reissued to other volunteers, and
+goes into cooldown (``scheduler_plugins.faults``) so that no further task waits on it.
 
 :meth:`VerificationLedger.report` is what ``LabNode.report()`` and
 ``/goblin/report.json`` return.
@@ -388,6 +389,9 @@ class VerificationLedger(SchedulerPlugin):
                 record.trust = 0
                 self.reissued += moved
                 logger.warning("volunteer %s missed its deadline: %d task(s) reissued elsewhere", name, moved)
+                faults = self.scheduler.plugins.get("goblin-faults")
+                if faults is not None and hasattr(faults, "rest"):  # no more work for it until it has rested
+                    faults.rest(name, f"missed its {self.deadline:g} s deadline")
             self._busy_since[addr] = now
 
     # -- report --------------------------------------------------------------------

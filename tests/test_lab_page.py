@@ -3,8 +3,9 @@
 The site is a ``LabNode.local(volunteers=2)`` serving its dashboard over HTTPS with
 ``goblin.dashboard.trust-loopback: false`` (a client on 127.0.0.1 is a stranger, as in
 ``test_dashboard_port``): a stranger reads totals only, a signed-in lab admin the volunteers too.
-The page itself is a script polling ``/goblin/api/status``; without a browser here (Chromium is
-not installed), the tests read what the page reads, during a computation.
+The page itself is a script polling ``/goblin/api/status``: the tests read what the page reads, during a
+computation, and load the page in headless Chromium (skipped where Chromium is missing, except under
+``CI=true``: there they fail); a Trainer's rounds reach both, with their loss curve.
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ def test_live_numbers_during_a_computation_totals_for_strangers_volunteers_for_a
 def browser(request, tmp_path_factory):
     """Headless Chromium trusting the site's certificate (as in test_access_web), keeping the console's log."""
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:
-        pytest.skip(f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
-                    "(apt-get install chromium chromium-driver)")
+    if missing:  # CI (.ci/run installs them) fails instead: a browser test never silently skips there
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
+            f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
+            "(apt-get install chromium chromium-driver)")
     site = request.getfixturevalue("site")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -140,6 +142,53 @@ def test_the_page_in_a_browser_updates_live_during_a_computation_without_console
     assert browser.execute_script("return window.goblinSamePage === true")  # live, without a reload
     assert browser.find_elements(By.CSS_SELECTOR, "#verified polyline")  # the plot over time is drawn
     assert "freivalds" in browser.find_element(By.ID, "methods").text
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_a_trainers_rounds_appear_on_the_status_and_on_the_page_with_their_loss_curve(site, browser):
+    """A Trainer's rounds on the site's grid: each reaches /goblin/api/status (numbers only) and the page's table and
+    loss plot, live."""
+    torch = pytest.importorskip("torch")
+    from selenium.webdriver.common.by import By
+    from torch import nn
+
+    from goblin_dask.training import Trainer
+
+    node = site.node
+    browser.get(site.base + "/goblin/")
+    wait_for(lambda: browser.execute_script("return document.body.dataset.updated || ''"), "the page's first poll")
+    browser.execute_script("window.goblinSamePage = true")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2,
+                      client=node.client)
+    x = np.random.default_rng(7).standard_normal((32, 8)).astype(np.float32)
+    y = np.tanh(x[:, :1] * 2).astype(np.float32)
+    stranger = WebClient(site, source_ip="127.0.0.46")
+    # read in one script: the page redraws its table and plot every second (an element found may be gone)
+    latest = "const t=document.getElementById('training');return t.rows.length>1?[...t.rows[1].cells].map(c=>c.textContent):[]"
+    to_volunteers = {"goblin.placement.min-flops": 0, "goblin.placement.min-intensity": 0,
+                     "goblin.placement.min-product-intensity": 0}  # so that the rounds' products are checked
+    with dask.config.set(to_volunteers):
+        for r in (1, 2, 3):
+            trainer.step(x, y)
+            runs = _status(stranger)["training"]["runs"]
+            assert len(runs) == 1 and runs[0]["round"] == r  # posted before step() returned
+            run_id = runs[0]["id"]
+            wait_for(lambda: browser.execute_script(latest)[:2] == [run_id, str(r)], f"round {r} on the page")
+    run = _status(stranger)["training"]["runs"][0]
+    assert [h[0] for h in run["history"]] == [1, 2, 3]
+    assert [h[1] for h in run["history"]] == pytest.approx([h["loss"] for h in trainer.history], rel=1e-6)
+    assert all(h[2] > 0 for h in run["history"]) and run["rejected"] == 0
+    assert run["accepted"] == sum(h["verification"]["accepted"] for h in trainer.history) > 0
+    assert trainer._lab_run_id not in json.dumps(run)  # the page's id is the lab's own draw
+    assert browser.execute_script("return window.goblinSamePage === true")
+    line = browser.execute_script("const p=document.querySelector('#loss polyline');"
+                                  "return p?[p.getAttribute('points'),p.dataset.run]:null")  # the loss curve
+    assert line is not None and len(line[0].split()) == 3 and line[1] == run_id  # a point per round
+    assert browser.execute_script(latest)[4] == str(run["accepted"])
+    assert not browser.find_element(By.ID, "no-training").is_displayed()
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
 

@@ -149,8 +149,42 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def volunteer_task_bytes(dsk, key):
+    """Bytes of inputs + result of every task the round's graph places on volunteers, measured: the round is
+    computed here (``dask.get``) and each volunteer task's dependencies and result weighed."""
+    from dask.local import get_sync
+
+    from goblin_dask.ops import CatalogTask
+
+    keys = list(dsk)
+    values = dict(zip(keys, get_sync(dsk, keys)))
+    return {k: (t.op.name, sum(np.asarray(values[d]).nbytes for d in t.dependencies) + np.asarray(values[k]).nbytes)
+            for k, t in dsk.items() if isinstance(t, CatalogTask) and t.placement == "volunteer"}
+
+
+def peak_rss(pid):
+    """The kernel's record of a process tree's peak resident memory (``VmHWM``, each process's high-water mark)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        with open(f"/proc/{proc.pid}/status") as f:
+            total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    return total
+
+
+STAGE_MEMORY = 8000
+VOLUNTEER_MEMORY = 1 << 30
+
+
 @pytest.mark.slow
-def test_gpt_language_model_with_adamw_matches_torch_over_5_steps(lab):
+def test_gpt_language_model_with_adamw_matches_torch_over_5_steps():
+    """Cut into 4 stages by ``stage_memory``; every volunteer task (a tile of a stage's forward or backward)
+    holds at most ``stage_memory`` bytes of inputs and result; each volunteer's measured peak memory stays
+    below its memory limit."""
+    from goblin_dask.node.local import LabNode
+
     torch.manual_seed(4)
     model = GPT(vocab=VOCAB, d=16, heads=2, context=CONTEXT, layers=2).train()
     ref = copy.deepcopy(model)
@@ -162,16 +196,30 @@ def test_gpt_language_model_with_adamw_matches_torch_over_5_steps(lab):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
 
-    trainer = Trainer(model, lm_loss, opt, micro_batches=4, client=lab.client, stage_memory=8000)
-    with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
-        history = trainer.fit(batches, progress=False)
+    with LabNode.local(volunteers=2, memory_limit=VOLUNTEER_MEMORY) as node:
+        trainer = Trainer(model, lm_loss, opt, micro_batches=4, client=node.client, stage_memory=STAGE_MEMORY)
+        # the tiles: the first round's graph, computed here, every volunteer task weighed
+        with dask.config.set(scheduler="sync", **PRODUCTS_TO_VOLUNTEERS):
+            tiles = volunteer_task_bytes(*trainer.round_graph(*batches[0]))
+        with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
+            history = trainer.fit(batches, progress=False)
+        workers = node.client.scheduler_info(n_workers=-1)["workers"]
+        limits = {name: workers[addr]["memory_limit"] for name, addr in node.volunteer_addresses().items()}
+        peaks = {name: peak_rss(node.processes[name].pid) for name in limits}
     ref_losses = torch_rounds(ref, lm_loss, ref_opt, batches, 4)
 
     assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 2e-3)
     assert_checked_on_volunteers(history)
     # the plan: embeddings together, each decoder block its own stage (13 kB > 8 kB), then norm + head
+    assert len(trainer.plan.stages) >= 3
     assert [s.layers for s in trainer.plan.stages] == [["tok", "pos"], ["blocks.0"], ["blocks.1"], ["ln", "head"]]
     assert sum(s.parameter_bytes for s in trainer.plan.stages) == sum(p.numel() * 4 for p in model.parameters())
+    # every volunteer task fits stage_memory (products cut into tiles: without the cap some hold 9.5 kB)
+    assert tiles and {op for op, _ in tiles.values()} >= {"matmul", "matmul_accumulate"}
+    assert max(b for _, b in tiles.values()) <= STAGE_MEMORY, max(tiles.values(), key=lambda t: t[1])
+    # each volunteer's peak resident memory (the kernel's high-water mark, startup included) below its limit
+    assert len(peaks) == 2 and all(limits[n] == VOLUNTEER_MEMORY for n in limits)
+    assert all(0 < peaks[n] < limits[n] for n in peaks), (peaks, limits)
 
 
 # -- 4. a cheating volunteer during training --------------------------------------------------------
@@ -248,6 +296,120 @@ def test_a_volunteer_killed_in_the_middle_of_a_round_the_round_completes_right()
     assert all(h["verification"]["rejected"] == 0 for h in trainer.history)
 
 
+# -- 4c. a slow volunteer: the round goes on without it after its deadline -------------------------
+
+@pytest.mark.slow
+def test_a_slow_volunteer_never_holds_a_round_past_its_deadline():
+    """A volunteer that takes a task and never returns it (``tests.cheaters --cheat stall``): after
+    ``goblin.verification.deadline`` the ledger reissues its tasks to the honest volunteer and the volunteer
+    rests (``goblin.faults.cooldown``), and every round completes with torch's numbers."""
+    from goblin_dask.node.local import LabNode
+
+    torch.manual_seed(14)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
+    ref = copy.deepcopy(model)
+    batches = classification_batches(3, 16, (12,), 4, seed=15)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    with dask.config.set({"goblin.verification.deadline": 1.0}):  # the lab node takes the caller's goblin.* config
+        with LabNode.local(volunteers=1) as node:
+            honest = node.volunteer_names()
+            slow = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "stall"))
+            trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
+            with dask.config.set(TO_VOLUNTEERS):
+                history = trainer.fit(batches, progress=False)
+            report = node.report()
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    assert report["reissued"] >= 1 and report["volunteers"][slow]["late"] >= 1
+    # once late, it rests (a cooldown of 60 s, longer than the rounds): no round waits on it a second time
+    assert report["volunteers"][slow]["late"] == report["volunteers"][slow]["cooldowns"] == 1
+    assert report["volunteers"][slow]["accepted"] == 0  # it never returned anything: all its tasks went elsewhere
+    assert all(report["volunteers"][h]["accepted"] > 0 for h in honest)
+    assert all(h["verification"]["rejected"] == 0 for h in history)
+
+
+# -- 4d. dropout: seeded masks, the same on every replica --------------------------------------------
+
+class MaskedDropout(nn.Module):
+    """The reference's dropout: multiplies by the next of ``masks`` (the grid's, drawn again with NumPy)."""
+
+    def __init__(self, masks, p):
+        super().__init__()
+        self.masks, self.p = iter(masks), p
+
+    def forward(self, x):
+        return x * torch.from_numpy(next(self.masks)) / (1 - self.p)
+
+
+def grid_masks(seed, rounds, micro_batches, rows, width, p):
+    """The grid's dropout masks, drawn again: micro-batch i of round r keeps where
+    ``PCG64((seed, r, i, k=0, block 0, 0)).random() < 1 - p`` (one block per activation here)."""
+    out = []
+    for r in range(rounds):
+        for i, n in enumerate(rows):
+            u = np.random.Generator(np.random.PCG64([seed, r, i, 0, 0, 0])).random((n, width), dtype=np.float32)
+            out.append((u < np.float32(1 - p)).astype(np.float32))
+    return out
+
+
+@pytest.mark.slow
+def test_dropout_in_train_mode_uses_seeded_masks_that_replicas_agree_on(lab):
+    """nn.Dropout in train mode trains on the grid: each micro-batch's mask comes from the trainer's seed, the
+    round and the micro-batch (catalog ``random_uniform`` blocks, replica-checked on volunteers); torch with the
+    same masks gives the same training, and the masks keep 1 - p of the units."""
+    torch.manual_seed(16)
+    p, seed = 0.25, 1234
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Dropout(p), nn.Linear(32, 5)).train()
+    ref = copy.deepcopy(model)
+    batches = classification_batches(3, 16, (12,), 5, seed=17)
+    masks = grid_masks(seed, 3, 4, [4, 4, 4, 4], 32, p)
+    ref[2] = MaskedDropout(masks, p)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+
+    trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=lab.client, seed=seed)
+    with dask.config.set(TO_VOLUNTEERS):
+        history = trainer.fit(batches, progress=False)
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    assert_checked_on_volunteers(history)
+    assert sum(h["verification"]["by_method"].get("replica", 0) for h in history) > 0  # the masks, replicated
+    kept = np.mean(masks)  # 1536 units: the rate within 0.05 of 1 - p (4.5 standard deviations)
+    assert abs(kept - (1 - p)) < 0.05, kept
+    assert all(0 < m.mean() < 1 for m in masks)  # every micro-batch dropped some units and kept some
+
+
+def test_dropout_masks_depend_on_the_seed_round_and_micro_batch_only():
+    """Two trainers with the same seed build the same random tasks (replicas and validators draw the same
+    masks) and compute the same loss; another seed, or the next round, draws other masks."""
+    from dask.local import get_sync
+
+    from goblin_dask.ops import CatalogTask
+
+    torch.manual_seed(18)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.5), nn.Linear(16, 3)).train()
+    x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
+    y = np.arange(8, dtype=np.int64) % 3
+
+    def seeds_and_loss(seed, rounds=0):
+        trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2,
+                          seed=seed)
+        trainer.rounds = rounds
+        with dask.config.set(scheduler="sync"):
+            dsk, key = trainer.round_graph(x, y)
+        seeds = sorted(tuple(t.kwargs["seed"]) for t in dsk.values()
+                       if isinstance(t, CatalogTask) and t.op.name == "random_uniform")
+        return seeds, get_sync(dsk, key)["loss"]
+
+    seeds, loss = seeds_and_loss(7)
+    assert seeds == [(7, 0, 0, 0, 0, 0), (7, 0, 1, 0, 0, 0)]
+    assert seeds_and_loss(7) == (seeds, loss)
+    assert seeds_and_loss(8)[1] != loss and seeds_and_loss(7, rounds=1)[1] != loss
+
+
 # -- 5. checkpoints ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -269,6 +431,7 @@ def test_resuming_from_a_checkpoint_continues_the_same_training(lab, tmp_path):
     resumed = Trainer.resume(tmp_path / "round-000002", again, F.cross_entropy,
                              torch.optim.Adam(again.parameters(), lr=1e-2), micro_batches=2, client=lab.client)
     assert resumed.rounds == 2 and len(resumed.history) == 2
+    assert resumed.seed == trainer.seed  # dropout's masks continue the same draws
     with dask.config.set(PRODUCTS_TO_VOLUNTEERS):
         resumed.fit(batches[2:], progress=False)
     assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in trainer.history], abs=1e-6)
@@ -329,12 +492,17 @@ def test_bad_input_is_refused_before_anything_is_sent():
         trainer.round_graph(x.astype(np.float64), y)
 
 
+class Sorted(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1).values
+
+
 def test_an_operator_the_catalog_lacks_is_refused_at_trace_time_with_its_place():
     from goblin_dask.torch_capture import UnsupportedOperator
 
-    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 2)).train()
+    model = nn.Sequential(nn.Linear(4, 8), Sorted(), nn.Linear(8, 2)).train()
     trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(UnsupportedOperator, match=r"aten\.bernoulli(.|\n)*dropout\.py"):
+    with pytest.raises(UnsupportedOperator, match=r"aten\.sort(.|\n)*test_training\.py"):
         trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
 
 
@@ -366,3 +534,14 @@ def test_goblin_dask_and_the_training_package_import_without_torch():
     code = ("import sys, goblin_dask, goblin_dask.training; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fit_progress_is_one_line_redrawn_with_a_bar(capsys):
+    from goblin_dask.training.trainer import _progress_line
+
+    entry = {"round": 3, "loss": 1.25, "seconds": 0.5, "verification": {"accepted": 7, "rejected": 1}}
+    _progress_line(entry, 3, 4, width=8)
+    _progress_line(entry, 5, None)
+    err = capsys.readouterr().err
+    assert err.startswith("\r[######  ] 3/4 round 3: loss 1.25000, 0.50 s, 7 checked results, 1 rejected")
+    assert "\r5 rounds round 3" in err and "\n" not in err

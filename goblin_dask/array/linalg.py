@@ -157,12 +157,15 @@ def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
             return bm, k, bn
         # the longest inner step that fits; accept it once steps are no thinner than the blocks
         bk = int((budget / itemsize - 2 * bm * bn) // (bm + bn)) if budget / itemsize > 2 * bm * bn else 0
-        if bk >= min(bm, bn, k) or max(bm, bn) <= MIN_BLOCK:
+        if bk >= min(bm, bn, k) or (bk >= 1 and max(bm, bn) <= MIN_BLOCK) or max(bm, bn) <= 1:
             return bm, max(min(bk, k), 1), bn
+        # below MIN_BLOCK only when even a one-step chain of MIN_BLOCK blocks would not fit the budget
+        # (a tiny cap: a Trainer's stage_memory)
+        floor = MIN_BLOCK if max(bm, bn) > MIN_BLOCK else 1
         if bm >= bn:
-            bm = max(MIN_BLOCK, math.ceil(bm / 2))
+            bm = max(floor, math.ceil(bm / 2))
         else:
-            bn = max(MIN_BLOCK, math.ceil(bn / 2))
+            bn = max(floor, math.ceil(bn / 2))
 
 
 def share_limits(a: Array, b: Array) -> tuple:

@@ -110,15 +110,19 @@ def upload_client() -> Any | None:
     return client
 
 
-def lab_copy(x: np.ndarray, digest: str) -> Any | None:
+def lab_copy(x: np.ndarray, digest: str, min_bytes: int | None = None) -> Any | None:
     """The Future of the lab worker's copy of ``x`` (content ``digest``), scattered on first use; None without a client.
+
+    ``min_bytes`` (default :data:`UPLOAD_MIN_BYTES`): smaller arrays ride in the graph.  Data that every computation reads again
+    (a captured model's parameters) goes up at any size: 14 MiB of small weights would otherwise
+    travel through the scheduler on every forward pass.
 
     The key is ``(source-<digest>, generation)``: the digest finds an existing copy; the
     generation makes each upload a new key, so the release of a copy that was just dropped
     can never reach its successor.  On a lab node the scheduler's ``scatter`` puts it on the
     lab worker only (``scheduler_plugins.catalog_only``); volunteers get blocks, through tasks.
     """
-    if x.nbytes < UPLOAD_MIN_BYTES or x.ndim == 0:
+    if x.nbytes < (UPLOAD_MIN_BYTES if min_bytes is None else min_bytes) or x.ndim == 0:
         return None
     client = upload_client()
     if client is None:
@@ -175,7 +179,7 @@ def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, ind
 class Source:
     """Data the lab holds, able to produce its blocks for any chunking."""
 
-    def __init__(self, data: Any):
+    def __init__(self, data: Any, upload_min_bytes: int | None = None):
         self.data = data
         self.file = _file_of(data)
         self.dtype = np.dtype(data.dtype)
@@ -188,7 +192,7 @@ class Source:
         #: opaque id of this lab array (the same data cut in other blocks keeps it)
         self.id = "a" + self.token[:15]
         #: the lab worker's copy (a Future) when a client is there (in-memory data only), else None
-        self.copy = lab_copy(data, self.token) if self.file is None else None
+        self.copy = lab_copy(data, self.token, upload_min_bytes) if self.file is None else None
 
     def blocks(self, chunks: Any):
         from goblin_dask.array.core import from_graph, normalize_chunks, offsets_of
@@ -301,7 +305,7 @@ def _file_of(x: Any) -> tuple[str, int, str] | None:
     return (os.fspath(x.filename), int(x.offset), order)
 
 
-def from_numpy_like(x: Any, chunks: Any):
+def from_numpy_like(x: Any, chunks: Any, upload_min_bytes: int | None = None):
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float, complex, bool, np.generic)):
             x = np.asarray(x)
@@ -311,7 +315,7 @@ def from_numpy_like(x: Any, chunks: Any):
         hint = " (text travels as integer tokens: see goblin_dask.text)" if x.dtype.kind in "USO" else ""
         raise TypeError(f"from_array: unsupported dtype {x.dtype}{hint}; the grid computes on numeric and boolean arrays")
     check_dtype("from_array", x.dtype)
-    return Source(x).blocks(chunks)
+    return Source(x, upload_min_bytes).blocks(chunks)
 
 
 def from_xarray(x: Any, chunks: Any):

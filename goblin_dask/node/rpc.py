@@ -24,6 +24,9 @@ LINK_ENDPOINTS = "goblin_link_endpoints"
 VOLUNTEER_STATUS = "goblin_volunteer_status"
 #: The lab worker reports a volunteer it refused on the comm layer (:mod:`goblin_dask.link`).
 REFUSE_VOLUNTEER = "goblin_refuse_volunteer"
+#: A researcher's Trainer reports a finished round (numbers only) for the lab's page
+#: (:mod:`scheduler_plugins.training`); researchers and the lab may call it, volunteers may not.
+TRAINING_ROUND = "goblin_training_round"
 
 # -- messages on a volunteer's standby connection (:mod:`goblin_dask.link`) --------------------
 

@@ -13,7 +13,10 @@ No torch here: a saved graph is interpreted with numpy, dask and this table alon
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
+import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -658,6 +661,50 @@ def _arange(ga, *args, dtype=None, **_ignored):
     if dtype is None:  # torch: int64 for integers, its default float32 otherwise
         dtype = "int64" if all(isinstance(v, (int, np.integer)) for v in (start, end, step)) else "float32"
     return ga.arange(start, end, step, dtype=dtype)
+
+
+# -- seeded randomness (dropout) -------------------------------------------------------------------
+
+#: ``[seed tuple, counter]`` while :func:`random_seed` is active: the k-th random operator of a pass draws
+#: from ``(*seed, k)`` (then ``ga.random`` appends each block's index), so the same pass built twice
+#: (a replica, a validator, a resumed run) gives the same masks and different passes different ones
+_SEED: contextvars.ContextVar = contextvars.ContextVar("goblin_capture_random_seed", default=None)
+
+
+@contextlib.contextmanager
+def random_seed(seed: Any):
+    """Within this block, the random operators of a captured graph draw from ``seed`` (a non-negative int or
+    a tuple of them): the k-th one from ``PCG64((*seed, k, *block index))``.  Outside it, each draws a fresh seed."""
+    parts = tuple(int(s) for s in (seed if isinstance(seed, (tuple, list)) else (seed,)))
+    if any(p < 0 for p in parts):
+        raise ValueError(f"random_seed: non-negative ints, got {seed!r}")
+    token = _SEED.set([parts, 0])
+    try:
+        yield
+    finally:
+        _SEED.reset(token)
+
+
+def next_seed() -> tuple[int, ...]:
+    """The seed of the next random operator (see :func:`random_seed`)."""
+    state = _SEED.get()
+    if state is None:
+        return (secrets.randbits(62),)
+    state[1] += 1
+    return (*state[0], state[1] - 1)
+
+
+@row("aten.bernoulli.p", needs="random")
+def _bernoulli(ga, x, p=0.5, generator=None, **_ignored):
+    """``torch.bernoulli(x, p)`` (dropout's mask): ``uniform[0, 1) < p`` from a seeded ``random_uniform``
+    block per block of ``x`` (no data travels; replicas agree).  Not torch's generator: its numbers differ."""
+    if generator is not None:
+        raise ValueError("bernoulli with an explicit torch generator: the grid draws from its own seeds")
+    dtype = np.dtype(getattr(x, "dtype", np.float32))
+    rdtype = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    chunks = x.chunks if isinstance(x, ga.Array) else "auto"
+    u = ga.random.random(tuple(np.shape(x)), dtype=rdtype, chunks=chunks, seed=next_seed())
+    return ga.astype(u < rdtype.type(p), dtype)
 
 
 @row("aten.scalar_tensor.default")

@@ -161,11 +161,12 @@ class Graph:
     # -- running -------------------------------------------------------------------------------
 
     def _constant(self, name: str) -> Any:
-        import goblin_dask.array as ga
+        from goblin_dask.array.sources import from_numpy_like
 
         if name not in self._lab:
             v = self.constants[name]
-            self._lab[name] = v[()] if v.ndim == 0 else ga.from_array(v)  # 0-d: a NumPy scalar operand
+            # every pass reads the parameters again: on the lab worker once, whatever their size
+            self._lab[name] = v[()] if v.ndim == 0 else from_numpy_like(v, "auto", upload_min_bytes=1)
         return self._lab[name]
 
     def __call__(self, *args: Any) -> Any:

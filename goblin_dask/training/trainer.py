@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import dask
 import numpy as np
 
 from goblin_dask.training import optim
@@ -34,8 +35,27 @@ class Stage:
 
 @dataclass
 class Plan:
-    """The cut of a model: ``stages`` (consecutive layers, each under ``stage_memory`` where a layer
-    allows), ``micro_batches``.  Tiles are the array layer's blocks (sized from volunteer memory)."""
+    """The cut of a model: ``stages``, ``micro_batches``, and the tiles' memory cap ``stage_memory``.
+
+    * ``stages``: consecutive top-level layers grouped while their parameters fit ``stage_memory``
+      (a layer larger than that is a stage of its own).  A micro-batch's forward runs stage after
+      stage and its backward in reverse, as dask orders the joint graph's tasks by their data.
+    * ``micro_batches``: each batch is cut into that many; their forward+backward graphs are
+      independent until the lab sums their gradients, so the micro-batches of all stages are in
+      flight together (no stage waits for a whole batch).
+    * tiles: no volunteer task of a stage's forward or backward may hold more than ``stage_memory``
+      bytes of inputs and outputs (parameters and a micro-batch's activations alike).  The round
+      is built with ``goblin.product.volunteer-memory = stage_memory`` and ``memory-fraction = 1``,
+      so the array layer cuts every product into tiles whose two panels and two output-sized
+      blocks (the result and a chain's partial sum) fit it (:func:`goblin_dask.array.linalg.product_blocks`),
+      and with ``array.chunk-size = stage_memory / 4`` so any other blockwise task (up to three
+      operands and a result) fits too.  A model larger than any volunteer therefore never needs a
+      whole stage on one machine: each task does.  ``None``: no cap beyond the array layer's own.
+
+    The unit scheduled is the tile (a task), not the stage: dask places each tile on whichever
+    volunteer is free, so a stage's layers are not pinned to one volunteer (no pipeline of
+    stage-owning machines); what ``stage_memory`` guarantees is that every task fits under it.
+    """
 
     stages: list[Stage]
     micro_batches: int
@@ -99,11 +119,16 @@ class Trainer:
     read at each round.  ``micro_batches`` splits each batch (forward+backward graphs in parallel,
     gradients summed at the lab: torch's gradient accumulation of ``loss_i * n_i / n``); BatchNorm in
     train mode updates its running statistics micro-batch after micro-batch, as torch would.
+    ``stage_memory`` caps every volunteer task of the round (see :class:`Plan`).  Dropout in train mode
+    draws its masks from ``seed`` (random by default; kept in checkpoints): micro-batch ``i`` of round
+    ``r`` from ``PCG64((seed, r, i, k, *block))`` for its ``k``-th random operator, as catalog
+    ``random_uniform`` blocks, so replicas and the lab's checks draw the same masks.  They are not
+    torch's masks (torch's generator gives other numbers); torch given the same masks trains the same.
     """
 
     def __init__(self, model: Any, loss_fn: Callable, optimizer: Any, micro_batches: int = 4,
                  stage_memory: int | None = None, client: Any = None, *, checkpoint_dir: Any = None,
-                 checkpoint_every: int = 0):
+                 checkpoint_every: int = 0, seed: int | None = None):
         kind = type(optimizer).__name__
         if kind not in _SUPPORTED or not hasattr(optimizer, "param_groups"):
             raise TypeError(f"optimizer {kind}: the grid steps torch.optim.SGD, Adam and AdamW")
@@ -138,6 +163,14 @@ class Trainer:
         if stage_memory is None and client is not None:
             stage_memory = _volunteer_stage_memory(client)
         self.plan = _plan(model, micro_batches, stage_memory)
+        #: the base of the seeds random operators (dropout) draw from: micro-batch ``i`` of round ``r``
+        #: draws from ``(seed, r, i, k, *block)`` (:func:`goblin_dask.torch_capture.aten.random_seed`);
+        #: saved in checkpoints, so a resumed run draws the same masks
+        import secrets
+
+        self.seed = int(seed) if seed is not None else secrets.randbits(62)
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
     @staticmethod
     def _torch_state(s: dict) -> dict:
@@ -175,14 +208,34 @@ class Trainer:
 
     def round_graph(self, x: Any, y: Any) -> tuple[dict, str]:
         """The round's dask graph and the key of its last task (the lab's optimizer step)."""
+        x, y = np.asarray(x), np.asarray(y)
+        self._check(x, y)
+        with dask.config.set(self._caps()):
+            return self._round_graph(x, y)
+
+    def _caps(self) -> dict:
+        """The settings the round is built under: each volunteer task within ``plan.stage_memory`` (see :class:`Plan`)."""
+        from goblin_dask import settings
+        from goblin_dask.array.linalg import volunteer_capacity
+
+        cap = self.plan.stage_memory
+        if not cap:
+            return {}
+        # never looser than the settings already in force (a product task's budget, the block size)
+        budget = volunteer_capacity()[0] * float(settings.get("goblin.product.memory-fraction"))
+        chunk = int(dask.utils.parse_bytes(dask.config.get("array.chunk-size", "128MiB")))
+        return {"goblin.product.volunteer-memory": int(min(cap, budget)), "goblin.product.memory-fraction": 1.0,
+                "array.chunk-size": max(min(int(cap) // 4, chunk), 64)}
+
+    def _round_graph(self, x: np.ndarray, y: np.ndarray) -> tuple[dict, str]:
         import goblin_dask.array as ga
         from dask._task_spec import DataNode, List, Task, TaskRef
         from dask.base import tokenize
+        from dask.highlevelgraph import HighLevelGraph
 
         from goblin_dask.array.graph import optimize
+        from goblin_dask.torch_capture.aten import random_seed
 
-        x, y = np.asarray(x), np.asarray(y)
-        self._check(x, y)
         n = x.shape[0]
         parts = np.array_split(np.arange(n), self.micro_batches)
         weights = [len(p) / n for p in parts]
@@ -190,17 +243,18 @@ class Trainer:
         bufs = [ga.from_array(self._buffers[k]) for k in self.buffer_names]
         losses, grads = [], []
         P = len(params)
-        for idx in parts:
+        for i, idx in enumerate(parts):
             xi, yi = x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]
-            out = self._graph_for(xi, yi)(*params, *bufs, xi, yi)
+            graph = self._graph_for(xi, yi)
+            with random_seed((self.seed, self.rounds, i)):
+                out = graph(*params, *bufs, xi, yi)
             out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
             losses.append(out[0])
             grads.append(out[1:1 + P])
             bufs = out[1 + P:]  # the next micro-batch's forward sees the running statistics so far
         arrays = [*params, *losses, *(g for gs in grads for g in gs), *bufs]
-        dsk: dict = {}
-        for a in arrays:
-            dsk.update(dict(a.__dask_graph__()))
+        # one merge: each array's graph holds most of the others' (a dict per array cost seconds per round)
+        dsk = dict(HighLevelGraph.merge(*(a.__dask_graph__() for a in arrays)).to_dict())
         dsk = optimize(dsk, [a.__dask_keys__() for a in arrays])
 
         def refs(a: Any) -> Any:
@@ -240,6 +294,7 @@ class Trainer:
         self.rounds += 1
         self.history.append({"round": self.rounds, "loss": out["loss"], "seconds": seconds,
                              "verification": _delta(before, self._report())})
+        _post_round(self)  # the lab's page shows the run (numbers only)
         if self.checkpoint_every and self.rounds % self.checkpoint_every == 0:
             self.save(self.checkpoint_dir)
         return out["loss"]
@@ -270,7 +325,7 @@ class Trainer:
             arrays.update({f"state/{i}/{k}": v for k, v in st.items() if isinstance(v, np.ndarray)})
         arrays["rng/torch"] = torch.get_rng_state().numpy()
         np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
-        meta = {"format": "goblin-dask.training/1", "round": self.rounds, "optimizer": self.kind,
+        meta = {"format": "goblin-dask.training/1", "round": self.rounds, "optimizer": self.kind, "seed": self.seed,
                 "param_names": self.param_names, "buffer_names": self.buffer_names, "state_scalars": scalars,
                 "history": self.history}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
@@ -320,6 +375,7 @@ class Trainer:
             torch.set_rng_state(torch.from_numpy(z["rng/torch"].copy()))
         self._state = state
         self.rounds = int(meta["round"])
+        self.seed = int(meta.get("seed", self.seed))
         self.history = list(meta["history"])
         return self
 
@@ -331,13 +387,13 @@ class Trainer:
     def fit(self, batches: Iterable, progress: bool = True) -> list[dict]:
         """Run a round per ``(x, y)`` batch (``step`` records loss, seconds and the ledger's verification of each
         round in ``history``); returns the history."""
-        for x, y in batches:
+        total = len(batches) if hasattr(batches, "__len__") else None
+        for done, (x, y) in enumerate(batches, 1):
             self.step(x, y)
             if progress:
-                entry = self.history[-1]
-                v, loss, seconds = entry["verification"] or {}, entry["loss"], entry["seconds"]
-                print(f"round {self.rounds}: loss {loss:.5f}, {seconds:.2f} s, "
-                      f"{v.get('accepted', 0)} checked results, {v.get('rejected', 0)} rejected", file=sys.stderr)
+                _progress_line(self.history[-1], done, total)
+        if progress:
+            print(file=sys.stderr, flush=True)
         return self.history
 
     def _report(self) -> dict | None:
@@ -381,11 +437,40 @@ def _delta(before: dict | None, after: dict | None) -> dict | None:
 
 
 def _volunteer_stage_memory(client: Any) -> int | None:
-    """A quarter of the smallest volunteer's memory limit (None where the workers say nothing)."""
+    """A quarter of the smallest volunteer thread's memory (None where the workers say nothing)."""
     try:
         workers = client.scheduler_info()["workers"].values()
     except Exception:
         return None
-    limits = [w.get("memory_limit") for w in workers if "goblin-volunteer" in (w.get("resources") or {})]
+    limits = [(w.get("memory_limit") or 0) // max(int(w.get("nthreads") or 1), 1)
+              for w in workers if "goblin-volunteer" in (w.get("resources") or {})]
     limits = [m for m in limits if m]
     return min(limits) // 4 if limits else None
+
+
+def _post_round(trainer: Any) -> None:
+    """Report the round just finished to the lab node for its page (``goblin_training_round``): an opaque run
+    id drawn once per Trainer, the round, loss, seconds and verification counts; nothing on a plain cluster."""
+    import secrets
+
+    from goblin_dask.node import rpc
+
+    run = trainer.__dict__.setdefault("_lab_run_id", secrets.token_hex(8))
+    entry = trainer.history[-1]
+    counts = {k: int(v) for k, v in (entry.get("verification") or {}).items() if k in ("tasks", "accepted", "rejected")}
+    try:
+        loss = float(np.asarray(entry["loss"], dtype=float))
+        c = trainer._client()
+        c.sync(getattr(c.scheduler, rpc.TRAINING_ROUND), run=run, round=int(entry["round"]), loss=loss,
+               seconds=float(entry["seconds"]), verification=counts)
+    except Exception:  # a plain dask cluster (no such handler) or an older lab node: training goes on
+        pass
+
+
+def _progress_line(entry: dict, done: int, total: int | None, width: int = 24) -> None:
+    """One line, redrawn in place after each round: a bar (when the number of batches is known), the
+    round's loss, seconds and verification."""
+    v, loss, seconds = entry["verification"] or {}, entry["loss"], entry["seconds"]
+    bar = f"[{'#' * (width * done // total):<{width}}] {done}/{total} " if total else f"{done} rounds "
+    print(f"\r{bar}round {entry['round']}: loss {loss:.5f}, {seconds:.2f} s, {v.get('accepted', 0)} checked results, "
+          f"{v.get('rejected', 0)} rejected", end="", file=sys.stderr, flush=True)
