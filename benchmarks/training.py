@@ -14,7 +14,12 @@ Models: an MLP (SGD + momentum), a small CNN with BatchNorm in train mode (SGD),
 language model (AdamW; ``--d-model``, ``--layers``, ``--seq``; the issue's target size is 256/4/128).
 The first grid round traces the joint graph (torch ``make_fx``) and is reported apart ("first");
 samples/s is over the later rounds.  A round is timed as graph building + computing; the share of
-building is given ("build").  ``--write`` records the table in ``benchmarks/RESULTS.md``.
+building is given ("build").  Over the later rounds it also takes, per round: the optimized round
+graph's tasks (volunteer-placed, lab worker, products), the CPU seconds of each process of the grid
+(lab worker, scheduler, volunteers: ``capture.process_cpu``) against torch's own process CPU for the
+same round, and the task stream (compute per place and per task name).  ``--vocab`` sets the
+language model's vocabulary (64: character-level).  ``--write`` records the table and that
+breakdown in ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ def models(args):
                 lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
                 [(rng.standard_normal((b, 3, side, side)).astype(np.float32), rng.integers(0, 10, b))
                  for _ in range(args.rounds)]))
-    vocab, d, layers, seq = 64, args.d_model, args.layers, args.seq
+    vocab, d, layers, seq = args.vocab, args.d_model, args.layers, args.seq
     batches = []
     for _ in range(args.rounds):
         ids = rng.integers(0, vocab, (b, seq + 1))
@@ -114,6 +119,36 @@ def torch_loop(model, loss_fn, opt, batches, micro):
     return time.perf_counter() - t0
 
 
+def embedding_caps(model) -> list:
+    """(name, shape, most elements one volunteer task may hold) of the model's embedding tables."""
+    from torch import nn
+
+    from goblin_dask.array.sources import share_cap
+
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding):
+            cap = share_cap(m.weight.numel())
+            if cap is not None:
+                out.append((name, tuple(m.weight.shape), cap))
+    return out
+
+
+def task_counts(dsk) -> dict:
+    """Tasks of one optimized round graph: all, volunteer-placed, lab worker, products (or chains holding one)."""
+    from goblin_dask.ops.spec import CatalogTask
+
+    chain = __import__("goblin_dask.ops.spec", fromlist=["x"]).__dict__.get("LabChain")
+    out = {"tasks": len(dsk), "volunteer": 0, "lab": 0, "products": 0}
+    for t in dsk.values():
+        steps = list(getattr(t, "steps", ())) if chain is not None and isinstance(t, chain) else [t]
+        if isinstance(t, CatalogTask) or steps != [t]:
+            out["volunteer" if getattr(t, "placement", "lab") == "volunteer" else "lab"] += 1
+            out["products"] += any(isinstance(s, CatalogTask) and s.op.name in ("matmul", "matmul_accumulate")
+                                   for s in steps)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
@@ -123,6 +158,7 @@ def main(argv=None):
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--only", default="", help="run only models whose name contains this")
     p.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = p.parse_args(argv)
@@ -134,22 +170,45 @@ def main(argv=None):
     from goblin_dask import LabNode
     from goblin_dask.training import Trainer
 
+    from distributed import get_task_stream
+
+    from capture import process_cpu, stream_breakdown
+
     torch.set_num_threads(2)
-    rows = []
+    rows, where = [], []
     with LabNode.local(volunteers=2) as node:
+        vol, lab = set(node.volunteer_addresses().values()), node.lab_worker_address()
         for name, model, loss_fn, make_opt, batches in models(args):
             if args.only and args.only not in name:
                 continue
             ref = copy.deepcopy(model)
+            c0 = time.process_time()
             t_torch = torch_loop(ref, loss_fn, make_opt(ref.parameters()), batches, args.micro_batches)
+            torch_cpu = (time.process_time() - c0) / len(batches)
             trainer = Trainer(model, loss_fn, make_opt(model.parameters()), micro_batches=args.micro_batches,
                               client=node.client)
-            builds = []
+            builds, counts, cpu0, stream = [], None, None, None
             for x, y in batches:
                 t0 = time.perf_counter()
-                trainer.round_graph(x, y) if trainer.rounds else None  # build time alone (traced already)
+                if trainer.rounds:  # build time alone (traced already); the task counts of the round graph
+                    dsk, _ = trainer.round_graph(x, y)
+                    counts = counts or task_counts(dsk)
                 builds.append(time.perf_counter() - t0)
+                if trainer.rounds == 1:  # CPU and the task stream over the later rounds only
+                    cpu0 = process_cpu(node)
+                    stream = get_task_stream(client=node.client)
+                    stream.__enter__()
                 trainer.step(x, y)
+            if stream is not None:
+                stream.__exit__(None, None, None)
+                cpu1, later_n = process_cpu(node), len(batches) - 1
+                cpu = {k: (cpu1[k] - cpu0.get(k, 0.0)) / later_n for k in cpu1}
+                ts = stream_breakdown(stream.data, vol, lab)
+                ts = {k: (v / later_n if isinstance(v, float) else v) for k, v in ts.items()}
+                ts["top_ops"] = [(k, round(v / later_n, 3)) for k, v in ts["top_ops"]]
+                where.append((name, counts, cpu, torch_cpu, t_torch / len(batches), ts, embedding_caps(model)))
+                print(f"  tasks per round {counts}; CPU s per round {({k: round(v, 2) for k, v in cpu.items()})}, "
+                      f"torch {torch_cpu:.2f}; task stream per round {ts}", flush=True)
             h = trainer.history
             later = [e["seconds"] for e in h[1:]] or [h[0]["seconds"]]
             n = len(batches[0][0])
@@ -172,6 +231,29 @@ def main(argv=None):
     for name, ts, gs, ratio, first, build, rnd, v, _ in rows:
         text.append(f"| {name} | {ts:.1f} | {gs:.2f} | {ratio:.3f} | {first:.1f} | {build:.2f} | {rnd:.2f} | "
                     f"{', '.join(f'{k} {c}' for k, c in sorted(v.items()))} |")
+    text += ["", "Where the time goes (per round, averaged over the later rounds; the machine's 2 cores run every process):", ""]
+    for name, counts, cpu, torch_cpu, torch_round, ts, caps in where:
+        total = sum(cpu.values())
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(cpu.items()))
+        text.append(f"* **{name}**: {counts['tasks']} tasks per round ({counts['volunteer']} volunteer-placed, "
+                    f"{counts['lab']} on the lab worker, of them {counts['products']} products or product chains). "
+                    f"CPU seconds per round (user + system): {parts}; in all {total:.2f} s against torch's "
+                    f"{torch_cpu:.2f} CPU-s ({torch_round:.2f} s wall) for the same round.  Task stream: volunteers "
+                    f"{ts.get('vol_tasks', 0):.0f} tasks, {ts.get('vol_compute', 0.0):.2f} s compute; lab worker "
+                    f"{ts.get('lab_tasks', 0):.0f} tasks, {ts.get('lab_compute', 0.0):.2f} s compute; "
+                    f"top compute (a fused lab chain counts under its last step) "
+                    f"{', '.join(f'{k} {v:.2f}' for k, v in ts['top_ops'][:5])}.")
+        if caps:
+            text.append(f"  Its embedding tables ({', '.join(f'{n} {s[0]}x{s[1]}' for n, s, _ in caps)}) are lab arrays, and "
+                        "the residual stream is made of their rows (a take, then elementwise adds and layer norms), so "
+                        "every activation read from it may hold their elements: `goblin.minimization.max-share` lets one "
+                        f"volunteer task hold at most {' / '.join(f'{c:.0f}' for _, _, c in caps)} elements of them "
+                        "(at d_model 256: 128x32 tiles of a tokens x d_model activation).  Tiles that small fall below the placement "
+                        "rule's product intensity (`goblin.placement.min-product-intensity`), so those products are the "
+                        "lab's, computed in whole blocks (no max-share tiles, no chains); the products that do not read the "
+                        "residual stream (attention; a weight, cut to a quarter by max-share, times an activation or a "
+                        "gradient) fall below the same intensity at d_model 256.  What a round costs is then the lab worker's own forward and "
+                        "backward plus the grid's per-task costs (scheduler and lab worker), not volunteer products.")
     print("\n".join(text))
     if args.write:
         write_section(SECTION, "\n".join(text))

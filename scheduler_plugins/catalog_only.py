@@ -3,7 +3,8 @@
 ``update_graph`` judges every new task with the catalog's allow-list
 (:func:`goblin_dask.ops.task_violation`).  Catalog tasks under an ``unverified-`` key
 (whose only consumer is a lab check, see goblin_dask.validation) are restricted to the
-``goblin-volunteer`` resource; other catalog tasks run on the lab worker;
+``goblin-volunteer`` resource; other catalog tasks, and fused chains of lab-placed ones
+(:class:`goblin_dask.ops.spec.LabChain`), run on the lab worker;
 everything else (dask glue, a researcher's own function) to ``goblin-lab``, the
 trusted lab worker.  A non-catalog task that a researcher pinned to a volunteer is
 replaced by one that raises the refusal, so the researcher gets a clear error and the
@@ -20,7 +21,7 @@ from dask._task_spec import Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask.ops import task_violation
-from goblin_dask.ops.spec import CatalogTask
+from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.validation.checks import is_unverified_key
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from scheduler_plugins.admission import AdmissionPlugin
@@ -71,7 +72,13 @@ class CatalogOnlyPlugin(SchedulerPlugin):
 
     def place(self, ts) -> None:
         spec = ts.run_spec
-        why = task_violation(spec, where=f"task {ts.key!r}")
+        if isinstance(spec, LabChain):
+            # lab-only by construction (no volunteer's allow-list takes it); refused where pinned
+            # to a volunteer exactly when one of its steps would have been, unfused
+            why = next((w for step in spec.steps
+                        if (w := task_violation(step, where=f"task {step.key!r} (in {ts.key!r})")) is not None), None)
+        else:
+            why = task_violation(spec, where=f"task {ts.key!r}")
         if why is None and isinstance(spec, CatalogTask) and spec.placement == "volunteer" and is_unverified_key(ts.key):
             # only under an unverified- key: its one consumer is the lab's check task
             ts.resource_restrictions = {VOLUNTEER_RESOURCE: 1}

@@ -8,9 +8,11 @@ concatenate, ...) and elementwise ops (a block computed element by element revea
 inputs), and the lab's check task of a volunteer result takes that result's lineage.
 Products and reductions make new numbers (aggregates): their results count as no lab
 array.  Plain ``DataNode`` blocks of hand-made graphs carry no lineage and are not
-counted.  Where the exact region is lost (after a reshape, a concatenation, an op of
-several operands) a block counts as the whole of what it came from: the account errs
-on the side of "the volunteer saw more".
+counted.  A fused chain of lab-only tasks (:class:`goblin_dask.ops.spec.LabChain`) is
+followed step by step, so its result has the lineage its unfused tasks would have had.
+Where the exact region is lost (after a reshape, a concatenation, an op of several
+operands) a block counts as the whole of what it came from: the account errs on the
+side of "the volunteer saw more".
 
 * **Cap** (``goblin.minimization.max-share``, default 1/4; arrays of at most
   ``goblin.minimization.small-array`` = 4096 elements are exempt): before dispatch, a task placed
@@ -45,7 +47,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask import settings
 from goblin_dask.array.sources import carries_lab_data, lab_block, read_block, share_cap
-from goblin_dask.ops.spec import CatalogTask
+from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import accept, is_unverified_key
 
@@ -179,6 +181,16 @@ def _transform(opname: str, params: dict, pieces: tuple, single: bool) -> tuple:
     return tuple((aid, box, None) for aid, box, _ in pieces)
 
 
+def _catalog_lineage(spec: CatalogTask, deps: list) -> tuple:
+    """Lineage of catalog task ``spec`` from its dependencies' lineages ``deps`` (one per dependency)."""
+    if not carries_lab_data(spec.func.name):
+        return ()
+    pieces = tuple(p for lin in deps for p in lin)
+    if not pieces:
+        return ()
+    return _transform(spec.func.name, dict(spec.kwargs), pieces, single=len(deps) == 1)
+
+
 def _elementwise(opname: str) -> bool:
     """An op whose output element (i, j, ...) reads only element (i, j, ...) of each (broadcast) operand."""
     from goblin_dask.ops._factories import broadcast_shape
@@ -223,12 +235,14 @@ class ExposurePlugin(SchedulerPlugin):
         spec = ts.run_spec
         deps = [self.lineage.get(d.key, ()) for d in ts.dependencies]
         if isinstance(spec, CatalogTask):
-            if not carries_lab_data(spec.func.name):
-                return ()
-            pieces = tuple(p for lin in deps for p in lin)
-            if not pieces:
-                return ()
-            return _transform(spec.func.name, dict(spec.kwargs), pieces, single=len(ts.dependencies) == 1)
+            return _catalog_lineage(spec, deps)
+        if isinstance(spec, LabChain):
+            # a fused chain: its steps' lineage one by one, as the unfused tasks would have it
+            lin, prev = (), None
+            for step in spec.steps:
+                lin = _catalog_lineage(step, [lin if d == prev else self.lineage.get(d, ()) for d in step.dependencies])
+                prev = step.key
+            return lin
         if isinstance(spec, Alias):
             return self.lineage.get(spec.target, ())
         if isinstance(spec, Task) and spec.func in (lab_block, read_block):

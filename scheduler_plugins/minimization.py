@@ -20,7 +20,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from goblin_dask.array import keys
 from goblin_dask.ops import catalog
 from goblin_dask.ops.registry import text_violation
-from goblin_dask.ops.spec import CatalogTask
+from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.validation.checks import UNVERIFIED_PREFIX
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from scheduler_plugins.catalog_only import refused
@@ -81,6 +81,8 @@ class MinimizationPlugin(SchedulerPlugin):
 
     def violation(self, ts) -> str | None:
         spec = ts.run_spec
+        if isinstance(spec, LabChain):  # catalog_only never places one there; should anything else
+            return "a fused chain of lab-only tasks runs on the lab worker only"
         for k in (ts.key, *(d.key for d in ts.dependencies)):
             if (why := key_violation(k)) is not None:
                 return why

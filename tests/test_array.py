@@ -160,7 +160,8 @@ def test_matmul_shapes(shapes):
 
 def test_blocked_product_accumulates_along_k_within_the_memory_budget():
     a, b = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200))
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):  # 200 KB per task: k must be split
+    # 200 KB per task: k must be split (volunteer tiles: tiles this small would be the lab's, one task)
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         z = ga.from_array(a) @ ga.from_array(b)
     graph = dict(z.__dask_graph__())
     ops = {v.op.name for v in graph.values() if isinstance(v, CatalogTask)}
@@ -173,13 +174,29 @@ def test_blocked_product_accumulates_along_k_within_the_memory_budget():
     assert product_blocks(8192, 8192, 8192, 8, 3e9, 2) == (4096, 8192, 4096)
 
 
+def test_a_product_whose_tiles_would_stay_on_the_lab_is_one_lab_task():
+    """max-share cuts a product of lab arrays into tiles a volunteer may see; tiles that small fail the
+    placement rule, so every one would run on the lab: the lab computes the product whole instead."""
+    a, b = RNG.standard_normal((256, 64)), RNG.standard_normal((64, 256))
+    z = ga.from_array(a) @ ga.from_array(b)  # lab arrays: a volunteer's tile holds at most 4096 of each
+    steps = [v for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask) and v.op.name.startswith("matmul")]
+    assert len(steps) == 1 and steps[0].placement == "lab"
+    close(ev(z), a @ b)
+    with dask.config.set({"goblin.placement.min-product-intensity": 1}):  # the same tiles, now worth a volunteer
+        z = ga.from_array(a) @ ga.from_array(b)
+    steps = [v for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask) and v.op.name.startswith("matmul")]
+    assert len(steps) > 1 and {v.placement for v in steps} == {"volunteer"}
+    close(ev(z), a @ b)
+
+
 def test_matmul_add_folds_the_bias_into_each_blocks_first_step():
     from collections import Counter
 
     from goblin_dask.array.linalg import matmul_add
 
     a, b, bias = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200)), RNG.standard_normal(200)
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):  # k split: a chain per output block
+    # k split: a chain per output block (volunteer tiles, as above)
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         z = matmul_add(ga.from_array(a), ga.from_array(b), ga.from_array(bias, chunks=70))
     ops = Counter(v.op.name for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask))
     assert "add" not in ops and "matmul" not in ops and ops["matmul_accumulate"] >= 2, ops

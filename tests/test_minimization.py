@@ -36,7 +36,8 @@ def _array_layer_keys() -> set:
     a = rng.standard_normal((9, 8))
     x = ga.from_array(a, chunks=(2, 3))
     y = x + 0  # not source-backed: its rechunks slice and concatenate
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000}):
+    # a chain of volunteer product steps (tiles this small would be the lab's, computed whole)
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         product = ga.from_array(rng.standard_normal((300, 500))) @ ga.from_array(rng.standard_normal((500, 200)))
     arrays = [
         product, x @ x.T, ga.matmul(x.reshape(1, 9, 8), x.T), ga.tensordot(x, x, axes=((0,), (0,))),

@@ -228,24 +228,8 @@ def test_gpt_language_model_with_adamw_matches_torch_over_5_steps():
 def test_a_cheating_volunteer_never_corrupts_a_gradient():
     """One honest volunteer and one that adds noise to every result: training still equals torch's
     (every corrupted result was rejected and recomputed before the lab summed it), the cheater is banned."""
-    from goblin_dask.node.local import LabNode
-
-    torch.manual_seed(6)
-    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
-    ref = copy.deepcopy(model)
-    batches = classification_batches(6, 16, (12,), 4, seed=7)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
-    with LabNode.local(volunteers=1) as node:
-        honest = node.volunteer_names()
-        cheater = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "noise"))
-        trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
-        with dask.config.set(TO_VOLUNTEERS):
-            history = trainer.fit(batches, progress=False)
-        report = node.report()
-    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
-
-    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    honest, cheater, report, history = train_mlp_beside(
+        "noise", seed=6, rounds=6, batch_seed=7, optimizer=lambda params: torch.optim.Adam(params, lr=1e-2))
     assert report["volunteers"][cheater]["rejected"] >= 1 and report["volunteers"][cheater]["banned"]
     assert all(report["volunteers"][h]["rejected"] == 0 and not report["volunteers"][h]["banned"] for h in honest)
     assert sum(h["verification"]["rejected"] for h in history) >= 1
@@ -303,25 +287,10 @@ def test_a_slow_volunteer_never_holds_a_round_past_its_deadline():
     """A volunteer that takes a task and never returns it (``tests.cheaters --cheat stall``): after
     ``goblin.verification.deadline`` the ledger reissues its tasks to the honest volunteer and the volunteer
     rests (``goblin.faults.cooldown``), and every round completes with torch's numbers."""
-    from goblin_dask.node.local import LabNode
-
-    torch.manual_seed(14)
-    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
-    ref = copy.deepcopy(model)
-    batches = classification_batches(3, 16, (12,), 4, seed=15)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     with dask.config.set({"goblin.verification.deadline": 1.0}):  # the lab node takes the caller's goblin.* config
-        with LabNode.local(volunteers=1) as node:
-            honest = node.volunteer_names()
-            slow = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "stall"))
-            trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
-            with dask.config.set(TO_VOLUNTEERS):
-                history = trainer.fit(batches, progress=False)
-            report = node.report()
-    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
-
-    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+        honest, slow, report, history = train_mlp_beside(
+            "stall", seed=14, rounds=3, batch_seed=15,
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
     assert report["reissued"] >= 1 and report["volunteers"][slow]["late"] >= 1
     # once late, it rests (a cooldown of 60 s, longer than the rounds): no round waits on it a second time
     assert report["volunteers"][slow]["late"] == report["volunteers"][slow]["cooldowns"] == 1
@@ -511,6 +480,7 @@ def test_the_round_is_one_graph_ending_at_the_lab():
     from dask._task_spec import Task
 
     from goblin_dask.ops import CatalogTask
+    from goblin_dask.ops.spec import LabChain
 
     torch.manual_seed(9)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
@@ -521,7 +491,8 @@ def test_the_round_is_one_graph_ending_at_the_lab():
     others = [k for k, t in dsk.items() if isinstance(t, Task) and not isinstance(t, CatalogTask) and
               getattr(t.func, "__module__", "").startswith("goblin_dask.training")]
     assert others == [key]
-    assert sum(isinstance(t, CatalogTask) and t.op.name == "matmul" for t in dsk.values()) >= 2 * 3  # fwd + bwd, per micro-batch
+    steps = [s for t in dsk.values() for s in (t.steps if isinstance(t, LabChain) else (t,))]  # fused lab chains opened
+    assert sum(isinstance(t, CatalogTask) and t.op.name == "matmul" for t in steps) >= 2 * 3  # fwd + bwd, per micro-batch
     assert trainer.plan.micro_batches == 2 and [s.layers for s in trainer.plan.stages] == [["0", "1", "2"]]
     cut = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), stage_memory=120).plan
     assert [s.layers for s in cut.stages] == [["0"], ["1", "2"]]  # 224 bytes > 120: its own stage; 0 + 108 fit
@@ -545,3 +516,25 @@ def test_fit_progress_is_one_line_redrawn_with_a_bar(capsys):
     err = capsys.readouterr().err
     assert err.startswith("\r[######  ] 3/4 round 3: loss 1.25000, 0.50 s, 7 checked results, 1 rejected")
     assert "\r5 rounds round 3" in err and "\n" not in err
+
+
+def train_mlp_beside(cheat: str, *, seed: int, rounds: int, batch_seed: int, optimizer):
+    """An MLP trained on one honest volunteer and one running ``tests.cheaters --cheat CHEAT``; asserts torch's
+    numbers (1e-4) and returns (honest names, the other's name, ``node.report()``, the trainer's history)."""
+    from goblin_dask.node.local import LabNode
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
+    ref = copy.deepcopy(model)
+    batches = classification_batches(rounds, 16, (12,), 4, seed=batch_seed)
+    opt, ref_opt = optimizer(model.parameters()), optimizer(ref.parameters())
+    with LabNode.local(volunteers=1) as node:
+        honest = node.volunteer_names()
+        other = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", cheat))
+        trainer = Trainer(model, F.cross_entropy, opt, micro_batches=4, client=node.client)
+        with dask.config.set(TO_VOLUNTEERS):
+            history = trainer.fit(batches, progress=False)
+        report = node.report()
+    ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
+    assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
+    return honest, other, report, history

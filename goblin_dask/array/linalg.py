@@ -25,6 +25,11 @@ partial sums travel); the one moving fewer elements in no more tasks wins.  The 
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
 every block) are not capped.
+
+Only volunteers need tiles: when the placement rule (:mod:`goblin_dask.array.placement`) would keep
+even the largest tile on the lab worker (too few flops per element to be worth a check), the product
+is the lab's own and is cut only for the lab's memory (usually one task), not by max-share or a
+volunteer's budget.
 """
 
 from __future__ import annotations
@@ -223,7 +228,10 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     budget, workers = volunteer_capacity()
     frac = float(settings.get("goblin.product.memory-fraction"))
     bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
-    if bias is not None and not _within_share(bias, bn):  # a task would hold too much of a large lab bias
+    lab = _lab_product(a, b, bm, bk, bn)
+    if lab:  # no volunteer would see a tile: the lab's own blocks, neither max-share nor a volunteer's memory
+        bm, bk, bn = _lab_blocks(m, k, n, dtype.itemsize, budget * frac)
+    elif bias is not None and not _within_share(bias, bn):  # a task would hold too much of a large lab bias
         from goblin_dask.array.ufuncs import add
 
         return add(_matmul2(a, b), bias)
@@ -240,20 +248,48 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
             for kk in range(nk):
                 key = block_key(name, (i, j)) if kk == nk - 1 else part_key(name, "partial", i, j, kk)
                 ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
+                task = _lab_task if lab else catalog_task
                 if acc is None and bias is not None:
-                    layer[key] = catalog_task(key, "matmul_accumulate", bias.ref((j,)), a.ref((i, kk)),
-                                              b.ref((kk, j)), avals=[bias.block_aval((j,)), ab, bb])
+                    layer[key] = task(key, "matmul_accumulate", bias.ref((j,)), a.ref((i, kk)),
+                                      b.ref((kk, j)), avals=[bias.block_aval((j,)), ab, bb])
                 elif acc is None:
-                    layer[key] = catalog_task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
+                    layer[key] = task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
                 else:
                     cav = Aval((ab.shape[0], bb.shape[1]), dtype)
-                    layer[key] = catalog_task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
-                                              avals=[cav, ab, bb])
+                    layer[key] = task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
+                                      avals=[cav, ab, bb])
                 from dask._task_spec import TaskRef
 
                 acc = TaskRef(key)
     return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype,
                       dependencies=[a, b] + ([] if bias is None else [bias]))
+
+
+def _lab_product(a: Array, b: Array, bm: int, bk: int, bn: int) -> bool:
+    """Would every tile of ``a @ b`` cut to ``(bm, bk, bn)`` run on the lab worker (the placement rule)?
+
+    The largest tile decides: smaller ones have fewer flops per element and go to the lab too, and a
+    chain's ``matmul_accumulate`` steps (an accumulator more to move for the same flops) follow its first
+    ``matmul``.  Such a product is the lab's own work: cutting it into max-share tiles, or into tiles that
+    fit a volunteer's memory, only multiplies its tasks (a language model's residual stream carries its
+    small embedding tables' elements: 128x32 tiles, chains of 32 steps, all on the lab)."""
+    from goblin_dask.array.placement import placement_for
+
+    return placement_for(get("matmul"), Aval((bm, bk), a.dtype), Aval((bk, bn), b.dtype)) == "lab"
+
+
+def _lab_blocks(m: int, k: int, n: int, itemsize: int, budget: float) -> tuple[int, int, int]:
+    """Blocks for a product the lab computes itself: one task when it fits the larger of a volunteer
+    task's budget and four blocks of ``array.chunk-size``, no max-share cap (no volunteer sees them)."""
+    chunk = float(dask.utils.parse_bytes(dask.config.get("array.chunk-size", "128MiB")))
+    return _memory_blocks(m, k, n, itemsize, max(budget, 4 * chunk), 1)
+
+
+def _lab_task(key: Any, opname: str, *operands: Any, avals: Any = None) -> Any:
+    """A product step of a lab product (:func:`_lab_product`): placed on the lab whatever its tile's size."""
+    from goblin_dask.ops.spec import CatalogTask
+
+    return CatalogTask(key, get(opname), *operands, placement="lab")
 
 
 def _within_share(bias: Array, bn: int) -> bool:

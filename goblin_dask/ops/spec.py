@@ -353,3 +353,85 @@ class CatalogTask(Task):
 
     def copy(self) -> "CatalogTask":
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, **self.kwargs)
+
+
+def lab_chain(*_: Any) -> Any:
+    """The callable a :class:`LabChain` names (task streams, reprs); the chain runs its steps itself."""
+    raise RuntimeError("lab_chain runs through its LabChain task")
+
+
+class LabChain(Task):
+    """A linear chain of lab-placed catalog tasks run as one task on the lab worker.
+
+    ``steps``: the chain's :class:`CatalogTask` s in order; each step after the first reads the
+    previous step's result (and any other operands from outside the chain), and the task's key
+    is the last step's.  Made by :func:`goblin_dask.array.graph.fuse_lab_chains` after the lab's
+    checks are in the graph, to save the scheduler and the lab worker their per-task costs.
+    It is no catalog task: a volunteer's allow-list (``task_violation``, its unpickler) refuses
+    it, the lab node places it on the lab worker, and the exposure plugin follows lineage
+    through its steps one by one.
+    """
+
+    __slots__ = ("steps",)
+    steps: tuple
+
+    def __init__(self, key: Any, steps: Any, /):
+        steps = tuple(steps)
+        if len(steps) < 2:
+            raise ValueError("a LabChain needs at least two steps")
+        inner = set()
+        outer: dict = {}
+        for i, step in enumerate(steps):
+            if type(step) is not CatalogTask or step.placement != "lab":
+                raise TypeError(f"a LabChain's steps are lab-placed CatalogTasks, got {step!r}")
+            if i and steps[i - 1].key not in step.dependencies:
+                raise ValueError(f"step {step.key!r} does not read the step before it")
+            for d in step.dependencies:
+                if d not in inner:
+                    outer.setdefault(d, None)
+            inner.add(step.key)
+        if steps[-1].key != key:
+            raise ValueError(f"a LabChain takes its last step's key {steps[-1].key!r}, not {key!r}")
+        super().__init__(key, lab_chain)
+        self.steps = steps
+        self._dependencies = frozenset(outer)
+
+    @property
+    def block_fusion(self) -> bool:
+        return True
+
+    def __call__(self, values: Any = ()) -> Any:
+        self._verify_values(values)
+        prev, out = None, None
+        for step in self.steps:
+            try:
+                out = step({d: (out if d == prev else values[d]) for d in step.dependencies})
+            except Exception as e:
+                e.add_note(f"in step {step.key!r} ({step.func.name}) of the fused lab chain {self.key!r}")
+                raise
+            prev = step.key
+        return out
+
+    def _get_token(self) -> str:
+        if self._token:
+            return self._token
+        from dask.base import tokenize
+
+        self._token = tokenize(("LabChain", self.key, self.steps))
+        return self._token
+
+    def copy(self) -> "LabChain":
+        return LabChain(self.key, tuple(s.copy() for s in self.steps))
+
+    def substitute(self, subs: dict, key: Any = None) -> "LabChain":
+        if not (self.dependencies & subs.keys()) and (key is None or key == self.key):
+            return self
+        outer = {k: subs[k] for k in self.dependencies & subs.keys()}  # subs may be the whole graph
+        steps = [s.substitute(outer) for s in self.steps]
+        if key is not None and key != self.key:
+            last = steps[-1]
+            steps[-1] = CatalogTask(key, last.func, *last.args, placement=last.placement, **last.kwargs)
+        return LabChain(key or self.key, steps)
+
+    def __repr__(self) -> str:
+        return f"<LabChain {self.key!r} {' -> '.join(s.func.name for s in self.steps)}>"
