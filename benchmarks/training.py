@@ -128,7 +128,7 @@ def embedding_caps(model) -> list:
     out = []
     for name, m in model.named_modules():
         if isinstance(m, nn.Embedding):
-            cap = share_cap(m.weight.numel())
+            cap = share_cap(m.weight.numel(), "parameters")  # parameters: goblin.minimization.parameters-max-share
             if cap is not None:
                 out.append((name, tuple(m.weight.shape), cap))
     return out
@@ -246,7 +246,7 @@ def main(argv=None):
         if caps:
             text.append(f"  Its embedding tables ({', '.join(f'{n} {s[0]}x{s[1]}' for n, s, _ in caps)}) are lab arrays, and "
                         "the residual stream is made of their rows (a take, then elementwise adds and layer norms), so "
-                        "every activation read from it may hold their elements: `goblin.minimization.max-share` lets one "
+                        "every activation read from it may hold their elements: `goblin.minimization.parameters-max-share` lets one "
                         f"volunteer task hold at most {' / '.join(f'{c:.0f}' for _, _, c in caps)} elements of them "
                         "(at d_model 256: 128x32 tiles of a tokens x d_model activation).  Tiles that small fall below the placement "
                         "rule's product intensity (`goblin.placement.min-product-intensity`), so those products are the "

@@ -1,7 +1,9 @@
 """What a volunteer may learn: a cap per task, and an account per volunteer.
 
 The array layer's source blocks are lab-only tasks that name their place in a lab array
-(``lab_array=(id, shape, box)``, :mod:`goblin_dask.array.sources`; the id is opaque).
+(``lab_array=(id, shape, box)``, or ``(id, shape, box, kind)`` for a kind of lab array other than
+data, :mod:`goblin_dask.array.sources`; the id is opaque; :func:`parse_lab_array` checks it, and a
+task given something else never reaches a volunteer).
 From them this plugin follows, on the scheduler, which elements of which lab array every
 block holds (its *lineage*): through layout ops (getitem, transpose, reshape, rechunk,
 concatenate, ...) and elementwise ops (a block computed element by element reveals its
@@ -21,9 +23,12 @@ side of "the volunteer saw more".
   the lab worker and the check task computes the op itself), so nothing fails and no
   volunteer sees it.  The array layer sizes product blocks so that this does not happen
   (:mod:`goblin_dask.array.linalg`); the check here catches what sizing cannot see.
+  A model's parameters (kind ``"parameters"``) are capped by
+  ``goblin.minimization.parameters-max-share`` instead (default None: not capped per task);
+  the same array named as data anywhere is data.
 * **Account**: for each volunteer and each lab array, the elements it received (distinct
   elements: the union of the regions of the blocks sent to it, so a block received twice
-  counts once), as a fraction of the array.  A task counts when it is sent to a
+  counts once), as a fraction of the array, parameters as well as data.  A task counts when it is sent to a
   volunteer (``processing`` on it) and when a volunteer returns it (a stolen task).
   ``report()`` gives ``{volunteer: {array id: fraction}}``: ``LabNode.report()["exposure"]``.
 * **Per-volunteer cap** (``goblin.minimization.max-exposure``, default None: off): when set,
@@ -46,7 +51,7 @@ from dask._task_spec import Alias, Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask import settings
-from goblin_dask.array.sources import carries_lab_data, lab_block, read_block, share_cap
+from goblin_dask.array.sources import KINDS, carries_lab_data, lab_block, read_block, share_cap
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import accept, is_unverified_key
@@ -60,6 +65,37 @@ MAX_CELLS = 1 << 22
 # axis of the block to an axis of the array (None: a new axis), or is None when the block's
 # axes no longer correspond (then the box is all that is known: the block holds at most it).
 Piece = tuple
+
+#: The array id of the lineage of a source block whose ``lab_array`` is malformed: a volunteer task
+#: that would receive it is computed by the lab (fail closed).
+INVALID = "!invalid"
+
+
+def parse_lab_array(where: Any) -> tuple[str, tuple[int, ...], tuple[tuple[int, int], ...], str]:
+    """``(id, shape, box, kind)`` of a source block's ``lab_array=``; ValueError unless it is exactly
+    ``(id, shape, box)`` or ``(id, shape, box, kind)``: a non-empty str id, a shape of ints >= 0, a box of
+    one ``(lo, hi)`` pair of ints with ``0 <= lo <= hi <= n`` per axis, a kind of
+    :data:`goblin_dask.array.sources.KINDS` (the 3-tuple is data)."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if not isinstance(where, tuple) or len(where) not in (3, 4):
+        raise ValueError(f"lab_array: a tuple (id, shape, box[, kind]), got {type(where).__name__}")
+    aid, shape, box = where[:3]
+    kind = where[3] if len(where) == 4 else "data"
+    if not isinstance(aid, str) or not aid or aid == INVALID:
+        raise ValueError("lab_array: the id is not a non-empty str")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"lab_array: kind {kind!r} is not one of {KINDS}")
+    if not isinstance(shape, tuple) or not all(is_int(n) and n >= 0 for n in shape):
+        raise ValueError("lab_array: the shape is not a tuple of ints >= 0")
+    if not isinstance(box, tuple) or len(box) != len(shape):
+        raise ValueError("lab_array: the box has not one (lo, hi) per axis of the shape")
+    for pair, n in zip(box, shape):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(is_int(v) for v in pair)
+                and 0 <= pair[0] <= pair[1] <= n):
+            raise ValueError("lab_array: a box axis is not (lo, hi) with 0 <= lo <= hi <= n")
+    return (aid, tuple(int(n) for n in shape), tuple((int(lo), int(hi)) for lo, hi in box), kind)
 
 
 def kept_on_lab(*_deps: Any) -> None:
@@ -211,6 +247,8 @@ class ExposurePlugin(SchedulerPlugin):
         self.admission = admission
         self.lineage: dict[Any, tuple] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
+        #: array id -> kind (goblin_dask.array.sources.KINDS); data once any block names it data
+        self.kinds: dict[str, str] = {}
         #: volunteer name -> array id -> Coverage of what it received
         self.received: dict[str, dict[str, Coverage]] = defaultdict(dict)
         #: volunteer address -> array id -> Coverage planned (max-exposure placement)
@@ -249,10 +287,18 @@ class ExposurePlugin(SchedulerPlugin):
             where = spec.kwargs.get("lab_array")
             if where is None:
                 return ()
-            aid, shape, box = where
-            self.shapes[str(aid)] = tuple(int(s) for s in shape)
-            box = tuple((int(lo), int(hi)) for lo, hi in box)
-            return ((str(aid), box, tuple(range(len(box)))),)
+            try:
+                aid, shape, box, kind = parse_lab_array(where)
+            except ValueError as e:
+                logger.warning("task %r: %s; volunteer tasks reading it are computed on the lab worker", ts.key, e)
+                return ((INVALID, (), None),)
+            if self.shapes.get(aid, shape) != shape:
+                logger.warning("task %r: lab array %s named with two shapes; volunteer tasks reading it are "
+                               "computed on the lab worker", ts.key, aid)
+                return ((INVALID, (), None),)
+            self.shapes[aid] = shape
+            self.kinds[aid] = "data" if "data" in (kind, self.kinds.get(aid)) else kind
+            return ((aid, box, tuple(range(len(box)))),)
         if isinstance(spec, Task) and spec.func is accept:
             raw = [d for d in ts.dependencies if is_unverified_key(d.key)]
             return self.lineage.get(raw[0].key, ()) if raw else ()
@@ -303,11 +349,16 @@ class ExposurePlugin(SchedulerPlugin):
         for ts in sorted(new, key=lambda t: t.priority or ()):
             if ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1} or not isinstance(ts.run_spec, CatalogTask):
                 continue
+            if any(aid == INVALID for d in ts.dependencies for aid, _, _ in self.lineage.get(d.key, ())):
+                self.keep_on_lab(ts, "a source block it reads names no valid lab array")
+                continue
             needs = self.needs(ts)
             over = [aid for aid, cov in needs.items()
-                    if (most := share_cap(cov.size)) is not None and cov.covered() > most + 1e-9]
+                    if (most := share_cap(cov.size, self.kinds.get(aid, "data"))) is not None
+                    and cov.covered() > most + 1e-9]
             if over:
-                self.keep_on_lab(ts, f"it would send a volunteer more than {share:g} of lab array(s) {over}")
+                self.keep_on_lab(ts, f"it would send a volunteer more than its share cap (data: {share:g}) "
+                                     f"of lab array(s) {over}")
             elif cap is not None and needs:
                 self.plan(ts, needs, cap)
 

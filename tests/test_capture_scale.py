@@ -101,3 +101,34 @@ def test_layers_larger_than_a_volunteers_budget_are_tiled_and_verified(lab):
     assert _volunteer_accepted(after) - _volunteer_accepted(before) >= len(on_volunteers)
     assert after["by_method"].get("freivalds", 0) - before["by_method"].get("freivalds", 0) >= len(on_volunteers)
     assert sum(after["by_method"].values()) == after["accepted"]
+
+
+def test_a_captured_graph_follows_the_client_it_is_computed_with(lab, tmp_path):
+    """The parameters go to the lab worker of the client in use at each call: a graph first called under
+    one lab node and then under another gives the second its own copies (the first's keys do not exist
+    there: computing with them would fail with lost dependencies)."""
+    from distributed import Future
+
+    from goblin_dask.array.sources import lab_block
+    from goblin_dask.node.local import LabNode
+
+    torch.manual_seed(0)
+    model = LinearAndConv().eval()
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((BATCH, IN)).astype(np.float32)
+    img = rng.standard_normal(IMG).astype(np.float32)
+    g = goblin_dask.capture(model, (torch.from_numpy(x), torch.from_numpy(img)))
+    want = reference(model, x, img)
+
+    def copies(out) -> set:
+        return {t.args[0].key for o in outputs(out) for t in dict(o.__dask_graph__()).values()
+                if getattr(t, "func", None) is lab_block and t.args and isinstance(t.args[0], Future)}
+
+    with lab.client.as_current():
+        first = g(x, img)
+        close([o.compute() for o in outputs(first)], want)
+    with LabNode.local(volunteers=0, state_dir=tmp_path / "other", dashboard=False) as other, \
+            other.client.as_current():
+        second = g(x, img)
+        assert copies(first) and copies(second) and not copies(first) & copies(second)
+        close([o.compute() for o in outputs(second)], want)

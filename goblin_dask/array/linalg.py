@@ -24,7 +24,10 @@ cutting only the output blocks along the capped operand (``activations @ weights
 partial sums travel); the one moving fewer elements in no more tasks wins.  The lab node checks every
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
-every block) are not capped.
+every block) are not capped.  A model's parameters (lab arrays of kind ``"parameters"``,
+:data:`goblin_dask.array.sources.KINDS`) are capped by ``goblin.minimization.parameters-max-share``
+instead (default null: not capped), and so are activations that carry their elements (a language
+model's residual stream holds its embedding tables' rows).
 
 Only volunteers need tiles: when the placement rule (:mod:`goblin_dask.array.placement`) would keep
 even the largest tile on the lab worker (too few flops per element to be worth a check), the product
@@ -175,10 +178,13 @@ def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
 
 def share_limits(a: Array, b: Array) -> tuple:
     """``product_blocks``' limits for ``a @ b``: max-share of each lab array either operand may hold."""
-    from goblin_dask.array.sources import lab_arrays, share_cap
+    from goblin_dask.array.sources import lab_array_kinds, share_cap
 
-    in_a, in_b = lab_arrays(a), lab_arrays(b)
-    caps = {aid: share_cap(size) for aid, size in {**in_a, **in_b}.items()}
+    in_a, in_b = lab_array_kinds(a), lab_array_kinds(b)
+    both = dict(in_a)
+    for aid, (size, kind) in in_b.items():  # one array as data on one side: data
+        both[aid] = (size, "data" if both.get(aid, (size, kind))[1] == "data" else kind)
+    caps = {aid: share_cap(size, kind) for aid, (size, kind) in both.items()}
     return tuple((aid in in_a, aid in in_b, cap) for aid, cap in caps.items() if cap is not None)
 
 
@@ -294,9 +300,9 @@ def _lab_task(key: Any, opname: str, *operands: Any, avals: Any = None) -> Any:
 
 def _within_share(bias: Array, bn: int) -> bool:
     """Does a ``bn``-long piece of ``bias`` stay within max-share of every lab array it may hold?"""
-    from goblin_dask.array.sources import lab_arrays, share_cap
+    from goblin_dask.array.sources import lab_array_kinds, share_cap
 
-    caps = [share_cap(size) for size in lab_arrays(bias).values()]
+    caps = [share_cap(size, kind) for size, kind in lab_array_kinds(bias).values()]
     return all(cap is None or bn <= cap for cap in caps)
 
 

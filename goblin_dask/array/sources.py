@@ -19,7 +19,9 @@ blocks travel in the graph as before.
 
 Each source block is a lab-only task that names its place in the lab array:
 ``lab_array=(id, shape, box)`` (an opaque id from the data's token, the whole array's
-shape, and the block's ``(start, stop)`` per axis).  Only the lab node's scheduler reads
+shape, and the block's ``(start, stop)`` per axis), or ``(id, shape, box, "parameters")``
+for a model's parameters (:data:`KINDS`: capped by ``goblin.minimization.parameters-max-share``,
+not by ``max-share``; counted in the account all the same).  Only the lab node's scheduler reads
 it (``scheduler_plugins.exposure``: the per-task cap and the account of what each
 volunteer received); the task never runs on a volunteer.
 """
@@ -42,8 +44,15 @@ from dask._task_spec import DataNode, Task
 from goblin_dask.ops._factories import check_dtype
 
 
-#: Layer metadata (``collection_annotations``, never sent anywhere) naming a source layer's lab array.
+#: Layer metadata (``collection_annotations``, never sent anywhere) naming a source layer's lab array:
+#: ``(id, size)`` for data, ``(id, size, kind)`` otherwise.
 LAB_ARRAY = "goblin-lab-array"
+
+#: Kinds of lab array: ``"data"`` (the lab's dataset: inputs, targets, token ids; capped by
+#: ``goblin.minimization.max-share``) and ``"parameters"`` (a model's parameters, buffers and optimizer
+#: state: every volunteer computing a layer needs its weight tiles; capped by
+#: ``goblin.minimization.parameters-max-share``, default null: not capped per task).
+KINDS = ("data", "parameters")
 
 
 #: In-memory arrays at least this large go to the lab worker once (smaller ones ride in the graph,
@@ -179,7 +188,11 @@ def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, ind
 class Source:
     """Data the lab holds, able to produce its blocks for any chunking."""
 
-    def __init__(self, data: Any, upload_min_bytes: int | None = None):
+    def __init__(self, data: Any, upload_min_bytes: int | None = None, kind: str = "data"):
+        if kind not in KINDS:
+            raise ValueError(f"from_array: kind {kind!r}: one of {', '.join(KINDS)}")
+        #: what the lab array is (:data:`KINDS`): decides which share cap applies to it
+        self.kind = kind
         self.data = data
         self.file = _file_of(data)
         self.dtype = np.dtype(data.dtype)
@@ -199,13 +212,16 @@ class Source:
         from goblin_dask.array.keys import block_key, new_name
 
         chunks = normalize_chunks(chunks, self.shape, self.dtype, where="from_array")
-        name = new_name("source", self.token, chunks)
+        # the same numbers as data and as parameters: other keys (their tasks name other kinds)
+        name = new_name("source", self.token, chunks, *(() if self.kind == "data" else (self.kind,)))
         offs = [offsets_of(c) for c in chunks]
         layer = {}
         for idx in itertools.product(*(range(len(c)) for c in chunks)):
             index = tuple(slice(o[i], o[i + 1]) for o, i in zip(offs, idx))
             key = block_key(name, idx)
             where = (self.id, self.shape, tuple((o[i], o[i + 1]) for o, i in zip(offs, idx)))
+            if self.kind != "data":
+                where += (self.kind,)
             if self.file is not None:
                 path, offset, order = self.file
                 layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index,
@@ -216,7 +232,8 @@ class Source:
                 block = np.ascontiguousarray(self.data[index]) if self.data.ndim else np.asarray(self.data)
                 layer[key] = Task(key, lab_block, DataNode(None, block), lab_array=where)
         out = from_graph(name, layer, chunks, self.dtype, source=self)
-        out.dask.layers[name].collection_annotations = {LAB_ARRAY: (self.id, math.prod(self.shape))}
+        found = (self.id, math.prod(self.shape)) + (() if self.kind == "data" else (self.kind,))
+        out.dask.layers[name].collection_annotations = {LAB_ARRAY: found}
         return out
 
 
@@ -239,11 +256,18 @@ def carries_lab_data(opname: str) -> bool:
 # so any task would hold more than a share of it; a cap on it would shrink products to 1x1 blocks.
 
 
-def share_cap(size: int) -> float | None:
-    """The most elements of a lab array of ``size`` elements one volunteer task may hold (None: no cap)."""
+def share_cap(size: int, kind: str = "data") -> float | None:
+    """The most elements of a lab array of ``size`` elements one volunteer task may hold (None: no cap).
+
+    ``kind`` (:data:`KINDS`): data is capped by ``goblin.minimization.max-share``, parameters by
+    ``goblin.minimization.parameters-max-share`` (default null: no cap); an unknown kind counts as data.
+    """
     from goblin_dask import settings
 
-    share = settings.get("goblin.minimization.max-share")
+    if kind == "parameters":
+        share = settings.get("goblin.minimization.parameters-max-share")
+    else:
+        share = settings.get("goblin.minimization.max-share")
     small = int(settings.get("goblin.minimization.small-array"))
     if share is None or float(share) >= 1 or size <= small:
         return None
@@ -251,8 +275,14 @@ def share_cap(size: int) -> float | None:
 
 
 def lab_arrays(x: Any) -> dict[str, int]:
-    """{lab array id: its element count} of the lab arrays whose elements ``x``'s blocks may hold.
+    """{lab array id: its element count} of the lab arrays whose elements ``x``'s blocks may hold."""
+    return {aid: size for aid, (size, _) in lab_array_kinds(x).items()}
 
+
+def lab_array_kinds(x: Any) -> dict[str, tuple[int, str]]:
+    """{lab array id: (its element count, its kind)} of the lab arrays whose elements ``x``'s blocks may hold.
+
+    The same numbers given once as data and once as parameters are one lab array (one id): data.
     Walks ``x``'s layers back to the sources, through layout and elementwise layers only
     (a product or a reduction is an aggregate: its output does not count as its inputs).
     An upper bound: a slice of a lab array counts as the whole array.
@@ -262,7 +292,7 @@ def lab_arrays(x: Any) -> dict[str, int]:
     if layers is None:
         return {}
     deps = graph.dependencies
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, str]] = {}
     stack, seen = [x.name], set()
     while stack:
         name = stack.pop()
@@ -271,7 +301,10 @@ def lab_arrays(x: Any) -> dict[str, int]:
         seen.add(name)
         found = (layers[name].collection_annotations or {}).get(LAB_ARRAY)
         if found is not None:
-            out[found[0]] = int(found[1])
+            kind = found[2] if len(found) > 2 else "data"
+            if out.get(found[0], (0, kind))[1] == "data":
+                kind = "data"
+            out[found[0]] = (int(found[1]), kind)
             continue
         from goblin_dask.array.keys import split_name
 
@@ -305,7 +338,8 @@ def _file_of(x: Any) -> tuple[str, int, str] | None:
     return (os.fspath(x.filename), int(x.offset), order)
 
 
-def from_numpy_like(x: Any, chunks: Any, upload_min_bytes: int | None = None):
+def from_numpy_like(x: Any, chunks: Any, upload_min_bytes: int | None = None, kind: str = "data"):
+    """``x``'s blocks as a ga.Array: a lab array of ``kind`` (:data:`KINDS`)."""
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float, complex, bool, np.generic)):
             x = np.asarray(x)
@@ -315,7 +349,7 @@ def from_numpy_like(x: Any, chunks: Any, upload_min_bytes: int | None = None):
         hint = " (text travels as integer tokens: see goblin_dask.text)" if x.dtype.kind in "USO" else ""
         raise TypeError(f"from_array: unsupported dtype {x.dtype}{hint}; the grid computes on numeric and boolean arrays")
     check_dtype("from_array", x.dtype)
-    return Source(x, upload_min_bytes).blocks(chunks)
+    return Source(x, upload_min_bytes, kind).blocks(chunks)
 
 
 def from_xarray(x: Any, chunks: Any):

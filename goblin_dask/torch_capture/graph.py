@@ -109,7 +109,9 @@ class Graph:
         self.constant_specs = dict(constant_specs or {k: {"shape": list(v.shape), "dtype": v.dtype.name}
                                                       for k, v in self.constants.items()})
         self._ops = frozenset(ops) if ops is not None else None
+        #: constant name -> its ga.Array, for the client ``_lab_client`` (its id, or None: no client)
         self._lab: dict[str, Any] = {}
+        self._lab_client: str | None = None
         self._check()
 
     # -- checks --------------------------------------------------------------------------------
@@ -161,12 +163,21 @@ class Graph:
     # -- running -------------------------------------------------------------------------------
 
     def _constant(self, name: str) -> Any:
-        from goblin_dask.array.sources import from_numpy_like
+        """Constant ``name`` as a lab array, on the lab worker of the client a compute would use now.
 
+        Kept per client: a graph first called under one lab node (or none) and then under another must
+        not hand the second one Futures of the first (their keys do not exist there)."""
+        from goblin_dask.array.sources import from_numpy_like, upload_client
+
+        client = upload_client()
+        if (None if client is None else client.id) != self._lab_client:
+            self._lab, self._lab_client = {}, None if client is None else client.id
         if name not in self._lab:
             v = self.constants[name]
-            # every pass reads the parameters again: on the lab worker once, whatever their size
-            self._lab[name] = v[()] if v.ndim == 0 else from_numpy_like(v, "auto", upload_min_bytes=1)
+            # every pass reads the parameters again: on the lab worker once, whatever their size; a model's
+            # parameters and buffers, not the lab's data (goblin.minimization.parameters-max-share)
+            self._lab[name] = v[()] if v.ndim == 0 else from_numpy_like(v, "auto", upload_min_bytes=1,
+                                                                        kind="parameters")
         return self._lab[name]
 
     def __call__(self, *args: Any) -> Any:

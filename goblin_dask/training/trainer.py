@@ -6,7 +6,8 @@ A round is one dask graph: for each micro-batch, the joint forward+backward grap
 the lab worker (:func:`goblin_dask.training.optim.lab_round`) that sums the micro-batches'
 checked gradients and steps the optimizer with torch's mathematics.  The parameters, buffers
 and optimizer state live with the lab (this process and the lab worker) as NumPy arrays; they
-enter each round's graph as lab data (``ga.from_array``).  torch is used only to trace.
+enter each round's graph as lab arrays of kind ``"parameters"`` (not capped by
+``goblin.minimization.max-share``: see ``parameters-max-share``; the batches stay data).  torch is used only to trace.
 """
 
 from __future__ import annotations
@@ -239,8 +240,10 @@ class Trainer:
         n = x.shape[0]
         parts = np.array_split(np.arange(n), self.micro_batches)
         weights = [len(p) / n for p in parts]
-        params = [ga.from_array(self._params[k]) for k in self.param_names]
-        bufs = [ga.from_array(self._buffers[k]) for k in self.buffer_names]
+        # the model's own arrays, not the lab's data: capped by goblin.minimization.parameters-max-share
+        # (x and y stay data; the optimizer state never leaves the lab worker's step)
+        params = [_parameters(self._params[k]) for k in self.param_names]
+        bufs = [_parameters(self._buffers[k]) for k in self.buffer_names]
         losses, grads = [], []
         P = len(params)
         for i, idx in enumerate(parts):
@@ -424,6 +427,13 @@ class Trainer:
 
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.state_dict().items()})
         return model
+
+
+def _parameters(v: np.ndarray) -> Any:
+    """A parameter or buffer as a lab array of kind ``"parameters"`` (a 0-d one as lab data, as ``ga.from_array``)."""
+    from goblin_dask.array.sources import from_numpy_like
+
+    return from_numpy_like(v, "auto", kind="parameters")
 
 
 def _delta(before: dict | None, after: dict | None) -> dict | None:
