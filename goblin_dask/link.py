@@ -448,7 +448,7 @@ def install_scheduler_side(scheduler, admission) -> None:
         admission.refuse_volunteer(str(name), str(reason), bool(ban))
 
     for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
-        scheduler.handlers[op] = _authorized(op, handler)
+        scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
 
 

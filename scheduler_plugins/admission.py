@@ -11,6 +11,11 @@ same holder as its certificate.  The lab's trusted worker holds a ``lab`` creden
 volunteers a ``volunteer`` one.  The role, not anything the worker claims, decides its
 resources: volunteers get ``goblin-volunteer`` slots, the lab worker ``goblin-lab``;
 scheduling by these resources is what keeps non-catalog work off volunteers.
+
+A volunteer's calls are also budgeted (:class:`CallBudget`): a few a second are what an honest agent
+makes (heartbeats, its status), so a flood of them is refused before any handler runs, and a volunteer
+that keeps flooding is banned; ``who_has`` must name its keys, at most :data:`VOLUNTEER_WHO_HAS_KEYS`
+(without keys it would answer with every key of the lab and who holds it, at the cost of a scan).
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ logger = logging.getLogger("goblin_dask.admission")
 #: The scheduler handlers a volunteer's connection may call.
 VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS,
                                 rpc.VOLUNTEER_STATUS})
+#: A volunteer's calls to the scheduler's handlers: on average at most this many a second, in bursts of at
+#: most :data:`VOLUNTEER_CALL_BURST` (an honest agent makes a few a second: heartbeats and its status).
+VOLUNTEER_CALLS_PER_SECOND = 50.0
+VOLUNTEER_CALL_BURST = 500
+#: Calls refused over the budget after which the volunteer is banned: a flood, not a burst.
+VOLUNTEER_FLOOD_BAN = 1000
+#: The most keys a volunteer may ask ``who_has`` about in one call.
+VOLUNTEER_WHO_HAS_KEYS = 10_000
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
 #: Roles allowed to open a client session.
@@ -59,6 +72,32 @@ RESEARCHER_HANDLERS = frozenset({
 })
 
 
+class CallBudget:
+    """A token bucket per volunteer name: what a flood of calls costs the scheduler is bounded.
+
+    ``spend(name)`` takes one call from ``name``'s bucket (``burst`` calls, refilled at ``rate`` a second):
+    False when it is empty, and ``refused[name]`` counts those.  Names are those of admitted credentials
+    (the lab's CA signed them), so the table grows with the volunteers enrolled, not with what they send.
+    """
+
+    def __init__(self, rate: float = VOLUNTEER_CALLS_PER_SECOND, burst: int = VOLUNTEER_CALL_BURST,
+                 clock=time.monotonic):
+        self.rate, self.burst, self.clock = float(rate), float(burst), clock
+        self.tokens: dict[str, tuple[float, float]] = {}  # name -> (tokens, when counted)
+        self.refused: dict[str, int] = {}
+
+    def spend(self, name: str) -> bool:
+        now = self.clock()
+        tokens, then = self.tokens.get(name, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        if tokens >= 1.0:
+            self.tokens[name] = (tokens - 1.0, now)
+            return True
+        self.tokens[name] = (tokens, now)
+        self.refused[name] = self.refused.get(name, 0) + 1
+        return False
+
+
 class AdmissionPlugin(SchedulerPlugin):
     name = "goblin-admission"
 
@@ -72,6 +111,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.refusals: deque[dict[str, str]] = deque(maxlen=REFUSALS_KEPT)
         #: every ban, first one per name: {"name", "reason", "time"} (the report's ``bans``)
         self.bans: list[dict[str, Any]] = []
+        #: each volunteer's calls to the scheduler's handlers (:class:`CallBudget`)
+        self.calls = CallBudget()
 
         self._add_worker = scheduler.handlers["register-worker"]
         scheduler.handlers["register-worker"] = self.register_worker
@@ -157,7 +198,23 @@ class AdmissionPlugin(SchedulerPlugin):
     def authorize_handlers(self) -> None:
         """Wrap every scheduler handler with a check of the caller's certificate role."""
         for op, handler in list(self.scheduler.handlers.items()):
-            self.scheduler.handlers[op] = _authorized(op, handler)
+            self.scheduler.handlers[op] = _authorized(op, handler, self.volunteer_call)
+
+    def volunteer_call(self, name: str, op: str, msg: dict) -> None:
+        """PermissionError unless volunteer ``name`` may make this call now (its :class:`CallBudget`, the
+        arguments of ``who_has``); a volunteer refused :data:`VOLUNTEER_FLOOD_BAN` times is banned."""
+        if not self.calls.spend(name):
+            refused = self.calls.refused[name]
+            if refused == VOLUNTEER_FLOOD_BAN:
+                self.ban(name, f"flooded the lab node: {refused} calls over its budget of "
+                               f"{VOLUNTEER_CALLS_PER_SECOND:g} a second (last: {op!r})")
+            raise PermissionError(f"goblin lab node: volunteer {name} called '{op}' over its budget of "
+                                  f"{VOLUNTEER_CALLS_PER_SECOND:g} calls a second")
+        if op == "who_has":
+            keys = msg.get("keys")
+            if not isinstance(keys, (list, tuple)) or len(keys) > VOLUNTEER_WHO_HAS_KEYS:
+                raise PermissionError(f"goblin lab node: a volunteer's 'who_has' names a list of at most "
+                                      f"{VOLUNTEER_WHO_HAS_KEYS} keys")
 
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
@@ -203,7 +260,8 @@ def _role_may_call(role: str | None, op: str) -> bool:
     return False
 
 
-def _authorized(op: str, handler):
+def _authorized(op: str, handler, volunteer_call=None):
+    """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``."""
     import inspect
 
     expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
@@ -218,6 +276,8 @@ def _authorized(op: str, handler):
         if not allowed(role):
             logger.warning("refused '%s' from %s (%s)", op, comm.peer_address, peer)
             raise PermissionError(f"goblin lab node: '{op}' is not allowed for {peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}")
+        if role == "volunteer" and volunteer_call is not None:
+            volunteer_call(peer[1], op, msg)
         result = handler(comm, **msg) if expects_comm else handler(**msg)
         if inspect.isawaitable(result):
             result = await result

@@ -228,6 +228,58 @@ def test_a_thousand_connections_from_one_volunteer_cost_the_lab_nothing_lasting(
     _product_is_right(node, 5)
 
 
+# -- floods of calls -------------------------------------------------------------------------------
+
+async def _calls(address: str, security, msg: dict, n: int) -> list[str]:
+    """Make call ``msg`` ``n`` times on one connection: per call "ok", "refused: <text>" or "dropped"."""
+    comm = await connect(address, **security.get_connection_args("worker"))
+    out: list[str] = []
+    try:
+        for _ in range(n):
+            await comm.write(msg)
+            answer = await asyncio.wait_for(comm.read(), 20)
+            if isinstance(answer, dict) and answer.get("status") in ("error", "uncaught-error"):
+                out.append(f"refused: {answer.get('exception_text', '')}")
+            else:
+                out.append("ok")
+    except (CommClosedError, OSError):
+        out.append("dropped")
+    finally:
+        comm.abort()
+    return out
+
+
+@pytest.mark.slow
+def test_a_volunteer_flooding_the_scheduler_with_calls_is_refused_then_banned(node):
+    from goblin_dask.node import rpc
+    from scheduler_plugins.admission import VOLUNTEER_CALL_BURST, VOLUNTEER_FLOOD_BAN
+
+    name, security = _volunteer(node)
+    answers = node.client.sync(_calls, node.address, security, {"op": rpc.VOLUNTEER_STATUS, "reply": True},
+                               3 * VOLUNTEER_FLOOD_BAN)
+    first_refusal = next(i for i, a in enumerate(answers) if a != "ok")
+    assert first_refusal >= VOLUNTEER_CALL_BURST  # a burst passes
+    assert "over its budget" in answers[first_refusal]
+    assert answers.count("ok") < VOLUNTEER_CALL_BURST + len(answers) // 2  # the rest mostly refused, not run
+    assert _banned(node, name)
+    assert "flooded the lab node" in _refusal_of(node, name)
+    # the honest volunteers are not touched by another's flood
+    assert not any(_banned(node, v) for v in node.volunteer_names())
+    _product_is_right(node, 6)
+
+
+def test_a_volunteer_asks_who_has_only_about_named_keys(node):
+    name, security = _volunteer(node)
+    every, named, too_many = node.client.sync(_calls, node.address, security, {"op": "who_has", "reply": True}, 1) + \
+        node.client.sync(_calls, node.address, security, {"op": "who_has", "keys": ["x", "y"], "reply": True}, 1) + \
+        node.client.sync(_calls, node.address, security,
+                         {"op": "who_has", "keys": [f"k{i}" for i in range(20_000)], "reply": True}, 1)
+    assert every.startswith("refused") and "who_has" in every  # not the lab's whole key table
+    assert named == "ok"
+    assert too_many.startswith("refused")
+    assert not _banned(node, name)
+
+
 # -- volunteers behind NAT -------------------------------------------------------------------------
 
 def _listening(pid: int) -> list:
