@@ -217,3 +217,18 @@ def test_the_admin_revokes_and_bans_by_handler_and_the_report_says_why(tmp_path)
                                           "time": lab.admission.bans[-1]["time"]}
 
     run_lab(tmp_path, body)
+
+
+def test_the_call_budget_passes_a_burst_refills_at_its_rate_and_counts_refusals():
+    from scheduler_plugins.admission import CallBudget
+
+    now = [100.0]
+    budget = CallBudget(rate=10.0, burst=5, clock=lambda: now[0])
+    assert [budget.spend("v1") for _ in range(7)] == [True] * 5 + [False] * 2
+    assert budget.refused == {"v1": 2}
+    assert budget.spend("v2")  # each volunteer its own bucket
+    now[0] += 0.25  # 2.5 calls' worth
+    assert [budget.spend("v1") for _ in range(3)] == [True, True, False]
+    now[0] += 60.0  # never more than the burst, however long it waited
+    assert sum(budget.spend("v1") for _ in range(10)) == 5
+    assert budget.refused["v1"] == 8
