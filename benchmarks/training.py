@@ -35,6 +35,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _results import write_section  # noqa: E402
+from capture import gpt  # noqa: E402  (the GPT decoder both benchmarks use)
 
 SECTION = "## Training on the grid (issue 18)"
 
@@ -53,33 +54,6 @@ def models(args):
 
         def forward(self, x):
             return self.head(self.features(x).mean(dim=(2, 3)))
-
-    class Block(nn.Module):
-        def __init__(self, d, heads, seq):
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).tril())
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).transpose(1, 2).reshape(b, t, c)
-            x = x + self.proj(y)
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class LM(nn.Module):
-        def __init__(self, vocab, d, layers, seq, heads):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-            self.blocks = nn.Sequential(*(Block(d, heads, seq) for _ in range(layers)))
-            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-        def forward(self, ids):
-            return self.head(self.ln(self.blocks(self.tok(ids) + self.pos.weight[: ids.shape[1]])))
 
     def lm_loss(logits, y):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -102,7 +76,8 @@ def models(args):
     for _ in range(args.rounds):
         ids = rng.integers(0, vocab, (b, seq + 1))
         batches.append((ids[:, :-1].copy(), ids[:, 1:].copy()))
-    out.append((f"LM d={d} layers={layers} seq={seq}", LM(vocab, d, layers, seq, max(1, d // 64)).train(), lm_loss,
+    lm = gpt(vocab, d, layers, seq, max(1, d // 64)).train()  # the decoder benchmarks/capture.py times
+    out.append((f"LM d={d} layers={layers} seq={seq}", lm, lm_loss,
                 lambda p: torch.optim.AdamW(p, lr=3e-4), batches))
     return out
 
