@@ -313,6 +313,28 @@ def test_memmap_blocks_are_read_on_the_lab_side(tmp_path):
     close(ev(x.rechunk((25, 40)).sum(axis=0)), a.sum(axis=0))
 
 
+def test_a_file_rewritten_in_place_is_another_array_and_its_old_blocks_are_not_served(tmp_path):
+    """Same size, mtime put back: the ctime still tells, so the new content gets a new key (a volunteer's
+    cached panel of the old one is never taken for it), and the old array's blocks refuse to read it."""
+    import os
+
+    path = tmp_path / "data.f8"
+    a = RNG.standard_normal((30, 20))
+    a.tofile(path)
+    before = os.stat(path)
+    old = ga.from_array(np.memmap(path, dtype="f8", mode="r", shape=a.shape), chunks=10)
+    close(ev(old.sum(axis=0)), a.sum(axis=0))
+    b = a[::-1].copy()
+    b.tofile(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_mtime_ns == before.st_mtime_ns
+    new = ga.from_array(np.memmap(path, dtype="f8", mode="r", shape=a.shape), chunks=10)
+    assert new.name != old.name and new._source.token != old._source.token
+    close(ev(new[:5]), b[:5])
+    with pytest.raises(RuntimeError, match="changed after from_array read it"):
+        ev(old.sum(axis=0))
+
+
 def test_dask_protocol():
     from dask._task_spec import Alias, DataNode, Task
 

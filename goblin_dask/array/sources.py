@@ -175,9 +175,26 @@ def resolve_local(dsk: dict) -> dict:
     return dsk if out is None else out
 
 
+def file_version(path: str) -> tuple[int, int, int]:
+    """What tells one content of a file from another without reading it: (size, mtime, ctime) in ns.
+
+    The ctime is the kernel's, set on every write and every ``os.utime``: a file rewritten in place at
+    the same size, its mtime put back, still has a new version (a new key: volunteers' cached panels
+    of the old content are never taken for the new one)."""
+    st = os.stat(path)
+    return (int(st.st_size), int(st.st_mtime_ns), int(st.st_ctime_ns))
+
+
 def read_block(path: str, dtype: str, shape: tuple, offset: int, order: str, index: tuple,
-               lab_array: tuple | None = None) -> np.ndarray:
-    """Lab worker: one block of a file-backed array (a copy, so the mapping closes)."""
+               lab_array: tuple | None = None, version: tuple | None = None) -> np.ndarray:
+    """Lab worker: one block of a file-backed array (a copy, so the mapping closes).
+
+    ``version`` (:func:`file_version` when ``from_array`` read the file): the file must still be that
+    one; a block of other content under the old key would make an honest volunteer's cached panel fail
+    its check."""
+    if version is not None and file_version(path) != tuple(version):
+        raise RuntimeError(f"from_array: the file {path} changed after from_array read it (size, mtime or "
+                           "ctime differ); call ga.from_array on it again")
     mm = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=tuple(shape), offset=offset, order=order)
     try:
         return np.array(mm[index])
@@ -198,8 +215,9 @@ class Source:
         self.dtype = np.dtype(data.dtype)
         self.shape = tuple(int(s) for s in data.shape)
         if self.file is not None:
-            stat = os.stat(self.file[0])
-            self.token = _tokenize("memmap", self.file, stat.st_size, stat.st_mtime_ns)
+            #: the file's version when it was read (:func:`file_version`); every block read checks it
+            self.version = file_version(self.file[0])
+            self.token = _tokenize("memmap", self.file, *self.version)
         else:
             self.token = content_hash(data)
         #: opaque id of this lab array (the same data cut in other blocks keeps it)
@@ -225,7 +243,7 @@ class Source:
             if self.file is not None:
                 path, offset, order = self.file
                 layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index,
-                                  lab_array=where)
+                                  lab_array=where, version=self.version)
             elif self.copy is not None:  # a slice of the lab worker's copy: the graph holds a reference
                 layer[key] = Task(key, lab_block, self.copy, lab_array=where, index=index)
             else:
