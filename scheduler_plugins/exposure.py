@@ -51,7 +51,7 @@ from dask._task_spec import Alias, Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask import settings
-from goblin_dask.array.sources import KINDS, carries_lab_data, lab_block, read_block, share_cap
+from goblin_dask.array.sources import KINDS, carries_lab_data, combined_kind, lab_block, read_block, share_cap
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import accept, is_unverified_key
@@ -297,7 +297,7 @@ class ExposurePlugin(SchedulerPlugin):
                                "computed on the lab worker", ts.key, aid)
                 return ((INVALID, (), None),)
             self.shapes[aid] = shape
-            self.kinds[aid] = "data" if "data" in (kind, self.kinds.get(aid)) else kind
+            self.kinds[aid] = combined_kind(self.kinds.get(aid), kind)
             return ((aid, box, tuple(range(len(box)))),)
         if isinstance(spec, Task) and spec.func is accept:
             raw = [d for d in ts.dependencies if is_unverified_key(d.key)]

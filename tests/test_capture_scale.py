@@ -62,14 +62,18 @@ def _volunteer_accepted(report) -> int:
     return sum(v["accepted"] for v in report["volunteers"].values())
 
 
-def test_layers_larger_than_a_volunteers_budget_are_tiled_and_verified(lab):
+def _captured(seed: int):
+    """LinearAndConv captured on random inputs: (x, img, the graph, torch's outputs)."""
     torch.manual_seed(0)
     model = LinearAndConv().eval()
-    rng = np.random.default_rng(17)
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((BATCH, IN)).astype(np.float32)
     img = rng.standard_normal(IMG).astype(np.float32)
-    g = goblin_dask.capture(model, (torch.from_numpy(x), torch.from_numpy(img)))
-    want = reference(model, x, img)
+    return x, img, goblin_dask.capture(model, (torch.from_numpy(x), torch.from_numpy(img))), reference(model, x, img)
+
+
+def test_layers_larger_than_a_volunteers_budget_are_tiled_and_verified(lab):
+    x, img, g, want = _captured(17)
 
     with dask.config.set({"goblin.product.volunteer-memory": "1MB", "goblin.placement.min-flops": 0,
                           "goblin.placement.min-product-intensity": 0,
@@ -112,13 +116,7 @@ def test_a_captured_graph_follows_the_client_it_is_computed_with(lab, tmp_path):
     from goblin_dask.array.sources import lab_block
     from goblin_dask.node.local import LabNode
 
-    torch.manual_seed(0)
-    model = LinearAndConv().eval()
-    rng = np.random.default_rng(29)
-    x = rng.standard_normal((BATCH, IN)).astype(np.float32)
-    img = rng.standard_normal(IMG).astype(np.float32)
-    g = goblin_dask.capture(model, (torch.from_numpy(x), torch.from_numpy(img)))
-    want = reference(model, x, img)
+    x, img, g, want = _captured(29)
 
     def copies(out) -> set:
         return {t.args[0].key for o in outputs(out) for t in dict(o.__dask_graph__()).values()

@@ -441,10 +441,13 @@ def from_graph(name: str, layer: dict, chunks, dtype, dependencies: Sequence[Arr
     return Array(graph, name, chunks, dtype, source=source)
 
 
-def catalog_task(key: Any, opname: str, *operands: Any, avals: Sequence[Any] | None = None, **params: Any) -> CatalogTask:
-    """A CatalogTask placed by cost (see :mod:`goblin_dask.array.placement`)."""
+def catalog_task(key: Any, opname: str, *operands: Any, avals: Sequence[Any] | None = None,
+                 placement: str | None = None, **params: Any) -> CatalogTask:
+    """A CatalogTask placed by cost (see :mod:`goblin_dask.array.placement`), or at ``placement`` when given
+    (a product the lab computes itself, whatever its tiles' sizes)."""
     op = get(opname)
-    placement = placement_for(op, *(avals if avals is not None else operands), **params)
+    if placement is None:
+        placement = placement_for(op, *(avals if avals is not None else operands), **params)
     return CatalogTask(key, op, *operands, placement=placement, **params)
 
 

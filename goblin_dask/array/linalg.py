@@ -37,6 +37,7 @@ volunteer's budget.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -178,12 +179,12 @@ def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
 
 def share_limits(a: Array, b: Array) -> tuple:
     """``product_blocks``' limits for ``a @ b``: max-share of each lab array either operand may hold."""
-    from goblin_dask.array.sources import lab_array_kinds, share_cap
+    from goblin_dask.array.sources import combined_kind, lab_array_kinds, share_cap
 
     in_a, in_b = lab_array_kinds(a), lab_array_kinds(b)
     both = dict(in_a)
-    for aid, (size, kind) in in_b.items():  # one array as data on one side: data
-        both[aid] = (size, "data" if both.get(aid, (size, kind))[1] == "data" else kind)
+    for aid, (size, kind) in in_b.items():
+        both[aid] = (size, combined_kind(both.get(aid, (size, None))[1], kind))
     caps = {aid: share_cap(size, kind) for aid, (size, kind) in both.items()}
     return tuple((aid in in_a, aid in in_b, cap) for aid, cap in caps.items() if cap is not None)
 
@@ -246,6 +247,9 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     if bias is not None:
         bias = rechunk(bias, (b.chunks[1],))
     name = new_name("matmul", a.name, b.name, *(() if bias is None else (bias.name,)))
+    from dask._task_spec import TaskRef
+
+    task = functools.partial(catalog_task, placement="lab" if lab else None)  # None: placed by cost
     layer = {}
     nk = a.numblocks[1]
     for i in range(a.numblocks[0]):
@@ -254,7 +258,6 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
             for kk in range(nk):
                 key = block_key(name, (i, j)) if kk == nk - 1 else part_key(name, "partial", i, j, kk)
                 ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
-                task = _lab_task if lab else catalog_task
                 if acc is None and bias is not None:
                     layer[key] = task(key, "matmul_accumulate", bias.ref((j,)), a.ref((i, kk)),
                                       b.ref((kk, j)), avals=[bias.block_aval((j,)), ab, bb])
@@ -264,8 +267,6 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
                     cav = Aval((ab.shape[0], bb.shape[1]), dtype)
                     layer[key] = task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
                                       avals=[cav, ab, bb])
-                from dask._task_spec import TaskRef
-
                 acc = TaskRef(key)
     return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype,
                       dependencies=[a, b] + ([] if bias is None else [bias]))
@@ -289,13 +290,6 @@ def _lab_blocks(m: int, k: int, n: int, itemsize: int, budget: float) -> tuple[i
     task's budget and four blocks of ``array.chunk-size``, no max-share cap (no volunteer sees them)."""
     chunk = float(dask.utils.parse_bytes(dask.config.get("array.chunk-size", "128MiB")))
     return _memory_blocks(m, k, n, itemsize, max(budget, 4 * chunk), 1)
-
-
-def _lab_task(key: Any, opname: str, *operands: Any, avals: Any = None) -> Any:
-    """A product step of a lab product (:func:`_lab_product`): placed on the lab whatever its tile's size."""
-    from goblin_dask.ops.spec import CatalogTask
-
-    return CatalogTask(key, get(opname), *operands, placement="lab")
 
 
 def _within_share(bias: Array, bn: int) -> bool:

@@ -55,6 +55,12 @@ LAB_ARRAY = "goblin-lab-array"
 KINDS = ("data", "parameters")
 
 
+def combined_kind(known: str | None, seen: str) -> str:
+    """The kind of a lab array named ``seen`` now and ``known`` before (None: not before): an array named
+    data anywhere is data (the stricter cap); the same numbers given as data and as parameters are one id."""
+    return "data" if "data" in (known, seen) else seen
+
+
 #: In-memory arrays at least this large go to the lab worker once (smaller ones ride in the graph,
 #: cheaper than a scatter's round trip).
 UPLOAD_MIN_BYTES = 1 << 20
@@ -230,16 +236,15 @@ class Source:
         from goblin_dask.array.keys import block_key, new_name
 
         chunks = normalize_chunks(chunks, self.shape, self.dtype, where="from_array")
+        kind = () if self.kind == "data" else (self.kind,)  # data is the 3-tuple (and the plain name)
         # the same numbers as data and as parameters: other keys (their tasks name other kinds)
-        name = new_name("source", self.token, chunks, *(() if self.kind == "data" else (self.kind,)))
+        name = new_name("source", self.token, chunks, *kind)
         offs = [offsets_of(c) for c in chunks]
         layer = {}
         for idx in itertools.product(*(range(len(c)) for c in chunks)):
             index = tuple(slice(o[i], o[i + 1]) for o, i in zip(offs, idx))
             key = block_key(name, idx)
-            where = (self.id, self.shape, tuple((o[i], o[i + 1]) for o, i in zip(offs, idx)))
-            if self.kind != "data":
-                where += (self.kind,)
+            where = (self.id, self.shape, tuple((o[i], o[i + 1]) for o, i in zip(offs, idx)), *kind)
             if self.file is not None:
                 path, offset, order = self.file
                 layer[key] = Task(key, read_block, path, self.dtype.str, self.shape, offset, order, index,
@@ -250,8 +255,7 @@ class Source:
                 block = np.ascontiguousarray(self.data[index]) if self.data.ndim else np.asarray(self.data)
                 layer[key] = Task(key, lab_block, DataNode(None, block), lab_array=where)
         out = from_graph(name, layer, chunks, self.dtype, source=self)
-        found = (self.id, math.prod(self.shape)) + (() if self.kind == "data" else (self.kind,))
-        out.dask.layers[name].collection_annotations = {LAB_ARRAY: found}
+        out.dask.layers[name].collection_annotations = {LAB_ARRAY: (self.id, math.prod(self.shape), *kind)}
         return out
 
 
@@ -319,9 +323,7 @@ def lab_array_kinds(x: Any) -> dict[str, tuple[int, str]]:
         seen.add(name)
         found = (layers[name].collection_annotations or {}).get(LAB_ARRAY)
         if found is not None:
-            kind = found[2] if len(found) > 2 else "data"
-            if out.get(found[0], (0, kind))[1] == "data":
-                kind = "data"
+            kind = combined_kind(out.get(found[0], (0, None))[1], found[2] if len(found) > 2 else "data")
             out[found[0]] = (int(found[1]), kind)
             continue
         from goblin_dask.array.keys import split_name

@@ -170,8 +170,9 @@ class Graph:
         from goblin_dask.array.sources import from_numpy_like, upload_client
 
         client = upload_client()
-        if (None if client is None else client.id) != self._lab_client:
-            self._lab, self._lab_client = {}, None if client is None else client.id
+        client_id = None if client is None else client.id
+        if client_id != self._lab_client:
+            self._lab, self._lab_client = {}, client_id
         if name not in self._lab:
             v = self.constants[name]
             # every pass reads the parameters again: on the lab worker once, whatever their size; a model's
