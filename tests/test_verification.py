@@ -168,6 +168,28 @@ def test_accumulating_products_batches_and_vectors():
     assert not check_product((batch_a[0] @ batch_b).astype(np.float32), batch_a[0], batch_b)  # wrong dtype
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_a_linear_layers_bias_is_checked_as_one_row(dtype):
+    """``bias + x @ w``, the bias broadcast over the rows (a Linear's product): the check projects the bias
+    once.  Honest results pass without a recomputation, also when the bias cancels the product; a
+    wrong element, a wrong bias and noise are caught."""
+    x, w = RNG.standard_normal((300, 64)).astype(dtype), RNG.standard_normal((64, 90)).astype(dtype)
+    bias = RNG.standard_normal(90).astype(dtype)
+    c0 = np.broadcast_to(bias, (300, 90))
+    assert c0.strides[0] == 0  # the form the check takes apart
+    c = get("matmul_accumulate")(bias, x, w)
+    assert check_product(c, x, w, bias).recomputed is None
+    assert check_product(c, x, w, c0).recomputed is None
+    cancel = -(x[:1] @ w)[0]  # row 0 of the result near zero: rounding there is all the bias's
+    assert check_product(get("matmul_accumulate")(cancel, x, w), x, w, cancel)
+    for cheat in ("noise", "element"):
+        assert not check_product(corrupt(cheat, c, {}), x, w, bias), cheat
+    small = c.copy()
+    small[17, 3] += dtype(1e-3) * np.abs(c[17]).max()  # one entry, off by a thousandth of its row's largest
+    assert not check_product(small, x, w, bias)
+    assert not check_product(c, x, w, bias * dtype(1.001))  # the bias of another model
+
+
 def test_integer_and_boolean_products_are_exact():
     a, b = RNG.integers(-2**20, 2**20, (80, 90)).astype(np.int32), RNG.integers(-2**20, 2**20, (90, 70)).astype(np.int32)
     with np.errstate(over="ignore"):
