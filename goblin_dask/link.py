@@ -55,6 +55,7 @@ from typing import Any, Callable
 
 import dask
 from distributed.comm.core import CommClosedError, Connector, Listener
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.comm.registry import Backend, backends
 from distributed.comm.tcp import (
     TLS,
@@ -433,8 +434,42 @@ def install_lab_side() -> None:
     _installed_lab_side = True
 
 
+def stream_interval() -> float:
+    """``goblin.link.stream-interval``: seconds a process gathers control messages before sending them.
+
+    distributed batches a stream's messages for 5 ms (scheduler to worker) and 2 ms (worker to
+    scheduler); each hop of a chain of dependent tasks (a model's layers: product on a volunteer,
+    check and glue on the lab worker, the next product) waits up to both.  Measured on a captured
+    GPT forward (217 tasks, ~50 hops in a row): 1 ms on both sides, 11-20 % more passes a second.
+    """
+    value = float(settings.get("goblin.link.stream-interval"))
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"goblin.link.stream-interval must be between 0 and 1 second, got {value}")
+    return value
+
+
+def tune_worker_stream(worker) -> None:
+    """A worker's (lab worker's or volunteer's) stream to the scheduler batches for :func:`stream_interval`."""
+    worker.batched_stream.interval = stream_interval()
+
+
+class StreamInterval(SchedulerPlugin):
+    """The scheduler's stream to each worker batches for :func:`stream_interval` (set as it joins)."""
+
+    name = "goblin-stream-interval"
+
+    def __init__(self):
+        self.interval = stream_interval()
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        stream = scheduler.stream_comms.get(worker)
+        if stream is not None:
+            stream.interval = self.interval
+
+
 def install_scheduler_side(scheduler, admission) -> None:
-    """The scheduler's link handlers, and its refusals recorded (and bans made) by admission.
+    """The scheduler's link handlers, its refusals recorded (and bans made) by admission, and its
+    streams' batching interval (:class:`StreamInterval`).
 
     ``goblin_link_endpoints`` (volunteers): the lab processes a volunteer keeps standby
     connections to.  ``goblin_refuse_volunteer`` (the lab worker): a refusal it made.
@@ -450,6 +485,7 @@ def install_scheduler_side(scheduler, admission) -> None:
     for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
         scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
+    scheduler.add_plugin(StreamInterval())
 
 
 # -- the volunteer side ----------------------------------------------------------------------

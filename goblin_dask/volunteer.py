@@ -69,6 +69,7 @@ def _volunteer_worker_class():
     from distributed.worker_state_machine import ComputeTaskEvent, ExecuteFailureEvent, GatherDepSuccessEvent
     from distributed.worker_state_machine import UpdateDataEvent
 
+    from goblin_dask import link
     from goblin_dask.ops import task_violation
     from goblin_dask.panel_cache import PanelCache, cache_limit, cacheable_key
 
@@ -89,6 +90,7 @@ def _volunteer_worker_class():
             self.goblin_paused = False  # the volunteer paused it (goblin volunteer pause): no new tasks
             super().__init__(*args, **kwargs)
             self.goblin_fetched: set = set()
+            link.tune_worker_stream(self)
             self.goblin_done = 0  # tasks it finished
             self.goblin_cache = PanelCache(cache_limit(self.memory_manager.memory_limit))
 

@@ -43,6 +43,7 @@ class LabWorker(Worker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.goblin_fetched_from: OrderedDict = OrderedDict()
+        link.tune_worker_stream(self)
 
     async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
