@@ -218,6 +218,56 @@ def test_transformer_with_token_ids_and_gru():
     same(run(g, x), reference(rnn, x))
 
 
+def test_what_depends_on_constants_alone_is_computed_once_and_read_as_a_constant():
+    """A Linear's transposed weight is a node of constants alone: folded at the lab once, it is no task of
+    any pass, and it reaches the products as a content-named lab array (``source-<hash>``: the same key in
+    every pass, which a volunteer's panel cache keeps).  ``Graph.ops`` still lists the ops it took."""
+    from goblin_dask.ops import CatalogTask
+
+    torch.manual_seed(0)
+    model = MLP().eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(5, 6)),))
+    folded = g._folded()
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items() if k.endswith("weight")}
+    assert len(folded) == 2 and all(any(np.array_equal(v, w.T) for w in weights.values()) for v in folded.values())
+
+    def pass_graph(x):
+        out = g(x)
+        return out, dict(out.__dask_graph__())
+
+    out1, dsk1 = pass_graph(data(5, 6, seed=1))
+    out2, dsk2 = pass_graph(data(7, 6, seed=2))
+    for dsk in (dsk1, dsk2):
+        assert not any(isinstance(t, CatalogTask) and t.op.name == "transpose" for t in dsk.values())
+    def sources(dsk):
+        names = {k[0] if isinstance(k, tuple) else k for k in dsk}
+        return {n for n in names if str(n).startswith("source-")}
+
+    # the same keys in both passes: two weights (transposed) and two biases; the inputs differ
+    assert len(sources(dsk1) & sources(dsk2)) == 4
+    assert "transpose" in g.ops
+    same([out1.compute(scheduler="sync")], reference(model, data(5, 6, seed=1)))
+    same([out2.compute(scheduler="sync")], reference(model, data(7, 6, seed=2)))
+
+
+def test_random_operators_are_not_folded():
+    """A random mask drawn over a buffer (dropout's): each pass draws anew (folding would freeze one draw)."""
+
+    class NoisyBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.ones(64))
+
+        def forward(self, x):
+            return x + torch.bernoulli(self.w, 0.5)  # dropout's mask
+
+    g = goblin_dask.capture(NoisyBuffer(), (torch.zeros(2, 64),))
+    assert g._folded() == {}
+    x = np.zeros((2, 64), np.float32)
+    draws = {g(x).compute(scheduler="sync").tobytes() for _ in range(4)}
+    assert len(draws) > 1
+
+
 def test_ops(mlp, mixed):
     _, g = mlp
     assert {"matmul_accumulate", "relu"} <= g.ops and g.ops <= set(catalog())  # Linear: bias + x @ W.T in one op

@@ -112,6 +112,9 @@ class Graph:
         #: constant name -> its ga.Array, for the client ``_lab_client`` (its id, or None: no client)
         self._lab: dict[str, Any] = {}
         self._lab_client: str | None = None
+        #: node name -> its value, for the nodes computed from constants alone (:meth:`_folded`)
+        self._fold: dict[str, np.ndarray] | None = None
+        self._fold_ops: frozenset[str] = frozenset()
         self._check()
 
     # -- checks --------------------------------------------------------------------------------
@@ -146,19 +149,11 @@ class Graph:
         return self._ops
 
     def _trace_ops(self) -> frozenset[str]:
-        from goblin_dask.ops import CatalogTask
-
         example = [np.zeros(i.get("example") or [2 if isinstance(s, str) else s for s in i["shape"]], dtype=i["dtype"])
                    for i in self.inputs]
         out = self(*example)
         outs = out if isinstance(out, tuple) else (out,)
-        names = set()
-        for o in outs:
-            if hasattr(o, "__dask_graph__"):
-                for task in dict(o.__dask_graph__()).values():
-                    if isinstance(task, CatalogTask):
-                        names.add(task.op.name)
-        return frozenset(names)
+        return frozenset(_catalog_ops(outs)) | self._fold_ops  # the folded nodes' ops ran once, at the lab
 
     # -- running -------------------------------------------------------------------------------
 
@@ -174,12 +169,55 @@ class Graph:
         if client_id != self._lab_client:
             self._lab, self._lab_client = {}, client_id
         if name not in self._lab:
-            v = self.constants[name]
+            v = self._constant_value(name)
             # every pass reads the parameters again: on the lab worker once, whatever their size; a model's
             # parameters and buffers, not the lab's data (goblin.minimization.parameters-max-share)
             self._lab[name] = v[()] if v.ndim == 0 else from_numpy_like(v, "auto", upload_min_bytes=1,
                                                                         kind="parameters")
         return self._lab[name]
+
+    def _constant_value(self, name: str) -> np.ndarray:
+        """A constant of the model, or a node folded from them (:meth:`_folded`)."""
+        v = self.constants.get(name)
+        return v if v is not None else self._folded()[name]
+
+    def _folded(self) -> dict[str, np.ndarray]:
+        """The nodes whose inputs are all constants (a Linear's transposed weight, the float mask made
+        from a boolean buffer, the position embeddings' rows), computed once from the lab's copy of the
+        constants and read from then on as constants themselves.
+
+        Each pass then skips their lab tasks, and what volunteers receive is a lab array named by its
+        content (``source-<hash>``), which their panel cache keeps between passes: a weight used
+        transposed used to be a new key, sent again, every pass.  Not folded: random operators (each
+        pass draws anew), nodes with no input (nothing to save) and results that outgrow their inputs
+        (broadcasts stay lazy)."""
+        if self._fold is not None:
+            return self._fold
+        import goblin_dask.array as ga
+        from goblin_dask.torch_capture import aten
+
+        fold: dict[str, np.ndarray] = {}
+        env: dict[str, Any] = {k: _LazyConstant(None, k, v) for k, v in self.constants.items()}
+        ops: set[str] = set()
+        for n in self.nodes:
+            refs = _refs(n["args"]) + _refs(list(n["kwargs"].values()))
+            if not refs or any(r not in env for r in refs) or "random" in aten.TABLE[n["op"]].needs:
+                continue
+            try:
+                out = _run_node(n, env, ga, aten)
+                value = out.compute(scheduler="sync") if isinstance(out, ga.Array) else out
+            except Exception:  # the pass itself will say what is wrong, with the node's place
+                continue
+            if not isinstance(value, np.ndarray):
+                continue
+            inputs = sum(env[r].value.nbytes for r in set(refs))
+            if value.nbytes > max(4 * inputs, 1 << 20):
+                continue
+            ops.update(_catalog_ops([out]))
+            fold[n["name"]] = value
+            env[n["name"]] = _LazyConstant(None, n["name"], value)
+        self._fold, self._fold_ops = fold, frozenset(ops)
+        return fold
 
     def __call__(self, *args: Any) -> Any:
         import goblin_dask.array as ga
@@ -201,22 +239,16 @@ class Graph:
             env[spec["name"]] = x if isinstance(x, ga.Array) else _LazyConstant(None, spec["name"], x)
         for name in self.constant_specs:
             env[name] = _LazyConstant(self, name)
+        folded = self._folded()
         for n in self.nodes:
-            r = aten.TABLE[n["op"]]
-            fn = r.fn
-            if r.concrete == "all":
-                a = _decode(n["args"], env)
-                kw = {k: _decode(v, env) for k, v in n["kwargs"].items()}
-            else:
-                a = [_resolve(v, i in r.concrete) for i, v in enumerate(_decode(n["args"], env))]
-                kw = {k: _resolve(_decode(v, env)) for k, v in n["kwargs"].items()}
+            if n["name"] in folded:
+                env[n["name"]] = _LazyConstant(self, n["name"])
+                continue
             try:
-                out = fn(ga, *a, **kw)
+                out = _run_node(n, env, ga, aten)
             except Exception as e:
                 e.capture_node = n["name"]  # which node's row refused (capture reports its place in the model)
                 raise
-            if isinstance(out, ga.Array) and n.get("dtype") and out.dtype != np.dtype(n["dtype"]):
-                out = ga.astype(out, n["dtype"])  # torch's type promotion where NumPy's differs
             env[n["name"]] = _whole(out)
         results = tuple(_resolve(_decode(o, env)) for o in self.outputs)
         results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
@@ -275,7 +307,8 @@ class Graph:
 class _LazyConstant:
     """Lab data a node may read as a ga array (``ga.from_array``, made only when read) or, in the
     argument positions a row asks for concretely (``take``'s indices), as its NumPy array: a
-    constant of the model, or an input given as NumPy (an embedding's token ids)."""
+    constant of the model (or a node folded from them), or an input given as NumPy (an embedding's
+    token ids)."""
 
     __slots__ = ("graph", "name", "value", "lab")
 
@@ -283,7 +316,7 @@ class _LazyConstant:
         self.graph, self.name, self.value, self.lab = graph, name, value, None
 
     def numpy(self) -> np.ndarray:
-        return self.graph.constants[self.name] if self.graph is not None else self.value
+        return self.graph._constant_value(self.name) if self.graph is not None else self.value
 
     def array(self) -> Any:
         if self.graph is not None:
@@ -293,6 +326,34 @@ class _LazyConstant:
 
             self.lab = self.value[()] if self.value.ndim == 0 else ga.from_array(self.value)
         return self.lab
+
+
+def _run_node(n: dict, env: Mapping[str, Any], ga: Any, aten: Any) -> Any:
+    """One node of the IR: its row of ``aten.TABLE`` on its arguments (read from ``env``)."""
+    r = aten.TABLE[n["op"]]
+    if r.concrete == "all":
+        a = _decode(n["args"], env)
+        kw = {k: _decode(v, env) for k, v in n["kwargs"].items()}
+    else:
+        a = [_resolve(v, i in r.concrete) for i, v in enumerate(_decode(n["args"], env))]
+        kw = {k: _resolve(_decode(v, env)) for k, v in n["kwargs"].items()}
+    out = r.fn(ga, *a, **kw)
+    if isinstance(out, ga.Array) and n.get("dtype") and out.dtype != np.dtype(n["dtype"]):
+        out = ga.astype(out, n["dtype"])  # torch's type promotion where NumPy's differs
+    return out
+
+
+def _catalog_ops(outs: Sequence[Any]) -> set[str]:
+    """The catalog operations in the dask graphs of ``outs``."""
+    from goblin_dask.ops import CatalogTask
+
+    names = set()
+    for o in outs:
+        if hasattr(o, "__dask_graph__"):
+            for task in dict(o.__dask_graph__()).values():
+                if isinstance(task, CatalogTask):
+                    names.add(task.op.name)
+    return names
 
 
 def _resolve(v: Any, concrete: bool = False) -> Any:
