@@ -202,6 +202,10 @@ def main(argv=None) -> int:
             lambda o: o.compute(scheduler="threads", num_workers=2))
     r["np_err"] = float(np.abs(res - ref).max())
 
+    print("floor (sync scheduler, whole arrays, 1 BLAS thread, checks as on the grid):", flush=True)
+    r["floor"] = floor(graph, ids, args.repeat)
+    print("  ", {k: round(v, 4) for k, v in r["floor"].items()}, flush=True)
+
     if not args.no_grid:
         from distributed import get_task_stream
 
@@ -251,6 +255,78 @@ def main(argv=None) -> int:
     return 0
 
 
+def task_seconds(compute) -> dict:
+    """``compute()`` (a compute on dask's sync scheduler) with each task's seconds summed by kind.
+
+    Kinds: ``products`` (catalog ops checked by Freivalds, and fused lab chains holding one), ``product checks`` (the lab's checks of
+    them), ``other ops`` (the rest of the catalog, fused lab chains included), ``other checks``,
+    ``glue`` (dask's own tasks).  Plus ``pass``: the wall time of the whole compute.
+    """
+    from dask.callbacks import Callback
+
+    from goblin_dask.ops.spec import CatalogTask, Freivalds, LabChain
+    from goblin_dask.validation.checks import accept
+
+    def kind(task) -> str:
+        if isinstance(task, CatalogTask):
+            return "products" if isinstance(task.op.verify, Freivalds) else "other ops"
+        if isinstance(task, LabChain):  # a fused chain of lab steps: a product's if it holds one
+            return "products" if any(isinstance(t.op.verify, Freivalds) for t in task.steps) else "other ops"
+        if getattr(task, "func", None) is accept:
+            return "product checks" if isinstance(task.kwargs.get("op").verify, Freivalds) else "other checks"
+        return "glue"
+
+    class Seconds(Callback):
+        def __init__(self):
+            super().__init__()
+            self.by, self.t0 = defaultdict(float), {}
+
+        def _pretask(self, key, dsk, state):
+            self.t0[key] = time.perf_counter()
+
+        def _posttask(self, key, result, dsk, state, worker_id):
+            self.by[kind(dsk[key])] += time.perf_counter() - self.t0.pop(key)
+
+    t0 = time.perf_counter()
+    with Seconds() as sec:
+        compute()
+    return {"pass": time.perf_counter() - t0, **sec.by}
+
+
+def floor(graph, ids, repeat: int) -> dict:
+    """The least CPU any verified schedule of this graph needs: its tasks' own seconds, nothing else.
+
+    The graph computed on whole arrays in this process (dask's sync scheduler, one BLAS thread, as a
+    volunteer and the lab worker run), the lab's checks inserted as on the grid (:func:`task_seconds`),
+    best pass of ``repeat`` (graph building included in ``pass``).  No scheduling, no transfers, no
+    TLS: a grid pass on the same cores cannot take less than the tasks' sum spread over them.
+    """
+    import threadpoolctl
+
+    best = None
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        graph(ids).compute(scheduler="sync")  # warm-up
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = graph(ids)
+            sec = task_seconds(lambda: out.compute(scheduler="sync"))
+            sec["pass"] = time.perf_counter() - t0
+            if best is None or sec["pass"] < best["pass"]:
+                best = sec
+    return best
+
+
+def floor_text(f: dict, torch_seconds: float, what: str) -> str:
+    """A :func:`floor` (or a training round's) in words, with the bound it sets against torch."""
+    work = {k: v for k, v in f.items() if k != "pass"}
+    need, cores = sum(work.values()), os.cpu_count()
+    return (", ".join(f"{k} {v:.3f}" for k, v in sorted(work.items(), key=lambda kv: -kv[1]))
+            + f"; {need:.3f} s in all.  Spread over {cores} cores with no scheduling, transfer or idle time, a "
+            f"verified {what} takes at least {need / cores:.3f} s: **at most {torch_seconds * cores / need:.2f}x "
+            f"torch** on this machine, whatever the grid's schedule (the products alone: {f.get('products', 0):.3f} "
+            f"s, against torch's whole {what} of {torch_seconds:.3f} s)")
+
+
 def markdown(cmd: str, args, r: dict, t_capture: float, nparams: int) -> str:
     def col(key):
         if key not in r:
@@ -273,6 +349,11 @@ def markdown(cmd: str, args, r: dict, t_capture: float, nparams: int) -> str:
              f"| torch forward | {1 / r['torch']:.2f} | 1.00x | — | — | — |",
              f"| numpy-only (threaded scheduler) | {col('np')} |",
              f"| grid, 2 volunteers, verified | {col('grid')} |"]
+    if "floor" in r:
+        lines += ["", f"**Floor** (`floor()`: the same graph on whole arrays in one process, dask's sync scheduler, one "
+                  f"BLAS thread, the lab's checks inserted as on the grid; best of {args.repeat}; the pass took "
+                  f"{r['floor']['pass']:.3f} s with graph building): task seconds per pass "
+                  + floor_text(r["floor"], r["torch"], "forward") + "."]
     if "stream" in r:
         s, rep = r["stream"], r["report"]
         lines += ["", f"Grid, task stream summed over the {args.repeat} timed passes (after one untimed warm-up pass) (seconds of all processes): "
