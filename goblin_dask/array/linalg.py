@@ -11,7 +11,8 @@ Block sizes come from the volunteers' memory limits as the lab node reports them
 (``client.scheduler_info()``): a task may use ``goblin.product.memory-fraction``
 (default 1/4) of a volunteer thread's share, leaving room for the next task's inputs
 arriving while one computes.  Output blocks are the largest squares that still give
-every volunteer thread work.
+every volunteer thread work, counting the products built to run side by side
+(:func:`concurrent_products`: a Trainer's micro-batches).
 
 What a volunteer may learn (``goblin.minimization.max-share``, default 1/4): no task
 sends a volunteer more than that share of any lab array's elements.  The operands'
@@ -37,6 +38,8 @@ volunteer's budget.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Any
@@ -76,6 +79,26 @@ def volunteer_capacity() -> tuple[float, int]:
     per_thread = min(float(w.get("memory_limit") or DEFAULT_VOLUNTEER_MEMORY) / max(int(w.get("nthreads", 1)), 1)
                      for w in volunteers)
     return per_thread, max(threads, 1)
+
+
+#: How many products the graph being built runs side by side (:func:`concurrent_products`).
+_CONCURRENT: contextvars.ContextVar = contextvars.ContextVar("goblin_concurrent_products", default=1)
+
+
+@contextlib.contextmanager
+def concurrent_products(n: int):
+    """Within this block, products are built ``n`` at a time that may run at once (a Trainer's
+    micro-batches): each needs to give only ``1/n`` of the volunteer threads work, so it is cut into
+    that many fewer output tiles.  Fewer tiles are fewer tasks and checks, and an input panel sent
+    once instead of once per tile; the memory budget still cuts a product whose tile would not fit."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"concurrent_products: a positive count, got {n}")
+    token = _CONCURRENT.set(n)
+    try:
+        yield
+    finally:
+        _CONCURRENT.reset(token)
 
 
 def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int,
@@ -233,6 +256,7 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     (m, k), n = a.shape, b.shape[1]
     dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
     budget, workers = volunteer_capacity()
+    workers = max(1, math.ceil(workers / _CONCURRENT.get()))  # the threads this product alone must keep busy
     frac = float(settings.get("goblin.product.memory-fraction"))
     bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
     lab = _lab_product(a, b, bm, bk, bn)
