@@ -11,7 +11,9 @@ import email.message
 import hashlib
 import http.client
 import ipaddress
+import os
 import re
+import shutil
 import socket
 import ssl
 import threading
@@ -23,6 +25,35 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def headless_chromium(spki_sha256: str, profile: Path, window: str, console_log: bool = False):
+    """Debian's Chromium, headless, trusting the site's certificate by its key's pin and nothing else new
+    (``console_log``: keeping the page console's messages).  Missing, it skips a test; under ``CI=true``
+    (``.ci/run`` installs it) it fails it: a browser test never silently skips there."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
+            f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
+            "(apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--window-size={window}", f"--user-data-dir={profile}",
+                f"--ignore-certificate-errors-spki-list={spki_sha256}"):
+        options.add_argument(arg)
+    if console_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    return driver
 
 
 @dataclass(frozen=True)

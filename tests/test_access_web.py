@@ -11,9 +11,7 @@ same pages a researcher and an admin use.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -23,11 +21,10 @@ import numpy as np
 import pytest
 
 from goblin_dask import LabNode, connect
-from tests.access_helpers import Mailbox, Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
+from tests.access_helpers import headless_chromium, Mailbox, Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 
 ADMIN = "admin@lab.example"
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
@@ -166,24 +163,9 @@ def test_pages_need_a_session_and_the_admin_page_an_admin(site, mailbox):
 @pytest.fixture(scope="module")
 def browser(request, tmp_path_factory):
     """Headless Chromium trusting the site's certificate (by its key's pin) and nothing else new."""
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:  # CI (.ci/run installs them) fails instead: a browser test never silently skips there
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
-            f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
-            "(apt-get install chromium chromium-driver)")
     site = request.getfixturevalue("site")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1000,800", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                f"--ignore-certificate-errors-spki-list={site.tls.spki_sha256}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
+    driver = headless_chromium(site.tls.spki_sha256, tmp_path_factory.mktemp("chromium-profile"), "1000,800",
+                               console_log=False)
     yield driver
     driver.quit()
 

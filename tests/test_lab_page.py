@@ -11,21 +11,18 @@ computation, and load the page in headless Chromium (skipped where Chromium is m
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 
 import dask
 import numpy as np
 import pytest
 
 from goblin_dask import LabNode
-from tests.access_helpers import Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
+from tests.access_helpers import headless_chromium, Site, WebClient, localhost_tls, mailbox, sign_in  # noqa: F401 (fixture)
 from tests.conftest import blocked_product_graph, wait_for
 
 ADMIN = "admin@lab.example"
 BLOCK = 48
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
@@ -99,26 +96,10 @@ def test_live_numbers_during_a_computation_totals_for_strangers_volunteers_for_a
 
 @pytest.fixture(scope="module")
 def browser(request, tmp_path_factory):
-    """Headless Chromium trusting the site's certificate (as in test_access_web), keeping the console's log."""
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:  # CI (.ci/run installs them) fails instead: a browser test never silently skips there
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
-            f"browser tests need Chromium and chromedriver, missing: {', '.join(missing)} "
-            "(apt-get install chromium chromium-driver)")
+    """Headless Chromium trusting the site's certificate, keeping the console's log."""
     site = request.getfixturevalue("site")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1100,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                f"--ignore-certificate-errors-spki-list={site.tls.spki_sha256}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
+    driver = headless_chromium(site.tls.spki_sha256, tmp_path_factory.mktemp("chromium-profile"), "1100,1000",
+                               console_log=True)
     yield driver
     driver.quit()
 
