@@ -61,6 +61,26 @@ def test_products_built_side_by_side_are_cut_for_fewer_volunteer_threads(lab):
         pass
 
 
+def test_a_graph_being_built_asks_the_lab_node_for_its_workers_once(lab, monkeypatch):
+    from goblin_dask.array.linalg import one_reading_of_the_workers, volunteer_capacity
+
+    calls = []
+    real = type(lab.client).scheduler_info
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(lab.client), "scheduler_info", counted)
+    with one_reading_of_the_workers():
+        with one_reading_of_the_workers():  # an inner block (a captured graph inside a Trainer's round)
+            seen = [volunteer_capacity() for _ in range(5)]
+        seen.append(volunteer_capacity())
+    assert len(calls) == 1 and seen == [seen[0]] * 6 and seen[0][1] == 2  # two one-thread volunteers
+    volunteer_capacity()
+    assert len(calls) == 2  # outside a block: asked each time
+
+
 def test_persist_progress_and_futures(lab):
     from distributed import futures_of, progress, wait
 

@@ -221,6 +221,7 @@ class Graph:
 
     def __call__(self, *args: Any) -> Any:
         import goblin_dask.array as ga
+        from goblin_dask.array.linalg import one_reading_of_the_workers
         from goblin_dask.torch_capture import aten
 
         if len(args) != len(self.inputs):
@@ -240,16 +241,17 @@ class Graph:
         for name in self.constant_specs:
             env[name] = _LazyConstant(self, name)
         folded = self._folded()
-        for n in self.nodes:
-            if n["name"] in folded:
-                env[n["name"]] = _LazyConstant(self, n["name"])
-                continue
-            try:
-                out = _run_node(n, env, ga, aten)
-            except Exception as e:
-                e.capture_node = n["name"]  # which node's row refused (capture reports its place in the model)
-                raise
-            env[n["name"]] = _whole(out)
+        with one_reading_of_the_workers():  # every product of the pass is sized against one view of them
+            for n in self.nodes:
+                if n["name"] in folded:
+                    env[n["name"]] = _LazyConstant(self, n["name"])
+                    continue
+                try:
+                    out = _run_node(n, env, ga, aten)
+                except Exception as e:
+                    e.capture_node = n["name"]  # which node's row refused (capture reports its place in the model)
+                    raise
+                env[n["name"]] = _whole(out)
         results = tuple(_resolve(_decode(o, env)) for o in self.outputs)
         results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
         return results[0] if self.single else results

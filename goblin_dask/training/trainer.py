@@ -211,10 +211,10 @@ class Trainer:
         """The round's dask graph and the key of its last task (the lab's optimizer step)."""
         x, y = np.asarray(x), np.asarray(y)
         self._check(x, y)
-        from goblin_dask.array.linalg import concurrent_products
+        from goblin_dask.array.linalg import concurrent_products, one_reading_of_the_workers
 
         # the micro-batches' products run side by side: none needs cutting for the volunteers' threads alone
-        with dask.config.set(self._caps()), concurrent_products(self.micro_batches):
+        with one_reading_of_the_workers(), dask.config.set(self._caps()), concurrent_products(self.micro_batches):
             return self._round_graph(x, y)
 
     def _caps(self) -> dict:
