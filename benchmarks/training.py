@@ -111,12 +111,11 @@ def embedding_caps(model) -> list:
 
 def task_counts(dsk) -> dict:
     """Tasks of one optimized round graph: all, volunteer-placed, lab worker, products (or chains holding one)."""
-    from goblin_dask.ops.spec import CatalogTask
+    from goblin_dask.ops.spec import CatalogTask, LabChain
 
-    chain = __import__("goblin_dask.ops.spec", fromlist=["x"]).__dict__.get("LabChain")
     out = {"tasks": len(dsk), "volunteer": 0, "lab": 0, "products": 0}
     for t in dsk.values():
-        steps = list(getattr(t, "steps", ())) if chain is not None and isinstance(t, chain) else [t]
+        steps = list(t.steps) if isinstance(t, LabChain) else [t]
         if isinstance(t, CatalogTask) or steps != [t]:
             out["volunteer" if getattr(t, "placement", "lab") == "volunteer" else "lab"] += 1
             out["products"] += any(isinstance(s, CatalogTask) and s.op.name in ("matmul", "matmul_accumulate")

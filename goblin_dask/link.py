@@ -55,7 +55,6 @@ from typing import Any, Callable
 
 import dask
 from distributed.comm.core import CommClosedError, Connector, Listener
-from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.comm.registry import Backend, backends
 from distributed.comm.tcp import (
     TLS,
@@ -68,6 +67,7 @@ from distributed.comm.tcp import (
 )
 
 from distributed.comm.addressing import parse_address, parse_host_port, unparse_host_port
+from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.iostream import StreamClosedError
 
 from goblin_dask import settings

@@ -59,11 +59,21 @@ DEFAULT_VOLUNTEER_MEMORY = 2 * 2**30
 MIN_BLOCK = 64
 
 
-#: The workers a graph being built sees (:func:`one_reading_of_the_workers`), or None: ask each time.
+@contextlib.contextmanager
+def _binding(var: contextvars.ContextVar, value: Any):
+    """``var`` set to ``value`` within the block."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+#: The workers a graph being built sees (:func:`one_reading_of_the_workers`): a dict that keeps the
+#: first reading under ``"workers"``, or None: ask each time.
 _WORKERS: contextvars.ContextVar = contextvars.ContextVar("goblin_workers_reading", default=None)
 
 
-@contextlib.contextmanager
 def one_reading_of_the_workers():
     """Within this block, :func:`volunteer_capacity` asks the lab node for its workers once.
 
@@ -71,28 +81,21 @@ def one_reading_of_the_workers():
     scheduler is a round trip (~2 ms), and a language model's round builds ~200 products (0.45 s of
     a 1.3 s build, measured).  One graph is built against one view of the volunteers; an inner block
     keeps the outer one's view."""
-    if _WORKERS.get() is not None:
-        yield
-        return
-    token = _WORKERS.set([])
-    try:
-        yield
-    finally:
-        _WORKERS.reset(token)
+    return contextlib.nullcontext() if _WORKERS.get() is not None else _binding(_WORKERS, {})
 
 
 def _workers_info() -> list:
-    cached = _WORKERS.get()
-    if cached:
-        return cached[0]
+    reading = _WORKERS.get()
+    if reading is not None and "workers" in reading:
+        return reading["workers"]
     try:
         from distributed import default_client
 
         info = list(default_client().scheduler_info(n_workers=-1)["workers"].values())
     except (ImportError, ValueError, TypeError, KeyError, AttributeError):
         info = []
-    if cached is not None:
-        cached.append(info)
+    if reading is not None:
+        reading["workers"] = info
     return info
 
 
@@ -117,7 +120,6 @@ def volunteer_capacity() -> tuple[float, int]:
 _CONCURRENT: contextvars.ContextVar = contextvars.ContextVar("goblin_concurrent_products", default=1)
 
 
-@contextlib.contextmanager
 def concurrent_products(n: int):
     """Within this block, products are built ``n`` at a time that may run at once (a Trainer's
     micro-batches): each needs to give only ``1/n`` of the volunteer threads work, so it is cut into
@@ -126,11 +128,7 @@ def concurrent_products(n: int):
     n = int(n)
     if n < 1:
         raise ValueError(f"concurrent_products: a positive count, got {n}")
-    token = _CONCURRENT.set(n)
-    try:
-        yield
-    finally:
-        _CONCURRENT.reset(token)
+    return _binding(_CONCURRENT, n)
 
 
 def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -349,15 +349,21 @@ def _rows_per_chunk(x: np.ndarray, work: np.dtype) -> int:
     return max(1, _CHUNK_BYTES // max(1, x.shape[1] * work.itemsize))
 
 
-def _times(x: np.ndarray, y: np.ndarray, work: np.dtype) -> np.ndarray:
-    """``x @ y`` in ``work`` precision, for a large ``x`` and a thin ``y``, a block of rows of ``x`` at a time."""
-    if x.dtype == work:
+def _times(x: np.ndarray, y: np.ndarray, work: np.dtype, norms: bool = False) -> Any:
+    """``x @ y`` in ``work`` precision, for a large ``x`` and a thin ``y``, a block of rows of ``x`` at a time.
+
+    ``norms``: also the row norms of ``x`` (a column), from the same blocks: ``(x @ y, norms)``."""
+    if x.dtype == work and not norms:
         return x @ y
     out = np.empty((x.shape[0], y.shape[1]), np.result_type(work, y.dtype))
+    row_norms = np.empty((x.shape[0], 1)) if norms else None
     step = _rows_per_chunk(x, work)
     for i in range(0, x.shape[0], step):
-        np.matmul(x[i:i + step].astype(work), y, out=out[i:i + step])
-    return out
+        xi = x[i:i + step].astype(work, copy=False)
+        np.matmul(xi, y, out=out[i:i + step])
+        if norms:
+            row_norms[i:i + step, 0] = np.sqrt(_sq_norms(xi, axis=1))
+    return (out, row_norms) if norms else out
 
 
 def _times_left(s: np.ndarray, x: np.ndarray, work: np.dtype) -> np.ndarray:
@@ -378,26 +384,14 @@ def _difference_terms(c, c0, r, work: np.dtype):
     Computed as ``C r - C0 r``: a bias broadcast over the rows (``c0`` a row repeated) is projected
     once, not once per row, and neither ``C0`` nor ``C - C0`` is ever materialised.
     """
-    cr, c_norm = _times_and_norms(c, r, work)
+    cr, c_norm = _times(c, r, work, norms=True)
     if c0.ndim == 2 and c0.shape[0] > 1 and c0.strides[0] == 0:
         row = c0[:1].astype(work)
         c0r = row @ r
         c0_norm = np.full((c.shape[0], 1), math.sqrt(float(_sq_norms(row, axis=1)[0])))
     else:
-        c0r, c0_norm = _times_and_norms(c0, r, work)
+        c0r, c0_norm = _times(c0, r, work, norms=True)
     return cr - c0r, c0_norm, c_norm
-
-
-def _times_and_norms(x: np.ndarray, y: np.ndarray, work: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """``x @ y`` in ``work`` precision (:func:`_times`) and the row norms of ``x`` (a column), in one pass."""
-    out = np.empty((x.shape[0], y.shape[1]), np.result_type(work, y.dtype))
-    norms = np.empty((x.shape[0], 1))
-    step = _rows_per_chunk(x, work)
-    for i in range(0, x.shape[0], step):
-        xi = x[i:i + step].astype(work, copy=False)
-        np.matmul(xi, y, out=out[i:i + step])
-        norms[i:i + step, 0] = np.sqrt(_sq_norms(xi, axis=1))
-    return out, norms
 
 
 def _calibrate(a, b, a_n2, b_n2, rng: np.random.Generator, work: np.dtype) -> float:
