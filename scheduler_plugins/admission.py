@@ -47,6 +47,13 @@ VOLUNTEER_CALL_BURST = 500
 VOLUNTEER_FLOOD_BAN = 1000
 #: The most keys a volunteer may ask ``who_has`` about in one call.
 VOLUNTEER_WHO_HAS_KEYS = 10_000
+#: What a joining volunteer may claim: at most this many task threads, and a memory limit (when it sets
+#: one) of at least this many bytes.  The lab sizes every product's tiles from the volunteers' claims
+#: (:func:`goblin_dask.array.linalg.volunteer_capacity`: the smallest memory per thread, the threads in
+#: all), so one volunteer claiming a million threads or a few bytes would cut every product of the lab
+#: into its smallest tiles (tens of thousands of tasks).
+VOLUNTEER_MAX_THREADS = 256
+VOLUNTEER_MIN_MEMORY = 64 * 2**20
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
 #: Roles allowed to open a client session.
@@ -156,6 +163,8 @@ class AdmissionPlugin(SchedulerPlugin):
                 raise CredentialError(f"{ident.name!r} is banned from this lab node")
             if ident.name in self.names.values():
                 raise CredentialError(f"{ident.name!r} is already connected")
+            if ident.role == "volunteer":
+                _check_volunteer_claims(nthreads, kwargs.get("memory_limit"))
         except CredentialError as e:
             self.refusals.append({"address": address, "reason": str(e)})
             logger.warning("refused worker %s: %s", address, e)
@@ -248,6 +257,18 @@ class AdmissionPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.roles.pop(worker, None)
         self.names.pop(worker, None)
+
+
+def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
+    """CredentialError unless a joining volunteer's threads and memory limit are ones a machine has."""
+    if isinstance(nthreads, bool) or not isinstance(nthreads, int) or not 1 <= nthreads <= VOLUNTEER_MAX_THREADS:
+        raise CredentialError(f"it claims {str(nthreads)[:40]!r} task threads (1 to {VOLUNTEER_MAX_THREADS})")
+    if memory_limit is None or memory_limit == 0:  # no limit: the lab assumes the default volunteer's
+        return
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) \
+            or not VOLUNTEER_MIN_MEMORY <= memory_limit < float("inf"):
+        raise CredentialError(f"it claims a memory limit of {str(memory_limit)[:40]!r} bytes "
+                              f"(at least {VOLUNTEER_MIN_MEMORY}, or none)")
 
 
 def _role_may_call(role: str | None, op: str) -> bool:

@@ -86,6 +86,50 @@ def test_a_worker_with_a_bad_credential_is_refused_with_the_reason(tmp_path, cas
     run_lab(tmp_path, body, volunteers=("alice",))
 
 
+@pytest.mark.parametrize("claims, reason", [
+    ({"nthreads": 100_000}, "task threads"),
+    ({"memory_limit": 1024}, "memory limit"),
+])
+def test_a_volunteer_claiming_threads_or_memory_no_machine_has_is_refused(tmp_path, claims, reason):
+    """The lab sizes every product's tiles from the volunteers' claims: a million threads or a few bytes
+    of memory from one of them would cut every product into its smallest tiles.  Refused at joining, with
+    the reason; the products are still sized from the honest volunteer."""
+    from goblin_dask.array.linalg import product_blocks
+
+    async def body(lab):
+        before = set(lab.scheduler.workers)
+        with pytest.raises(ValueError, match="goblin lab node refused this worker"):
+            await lab.start_worker(lab.credential("volunteer", "liar"), cls=volunteer_worker(),
+                                   resources={VOLUNTEER_RESOURCE: 1}, **claims)
+        assert set(lab.scheduler.workers) == before
+        assert reason in lab.admission.refusals[-1]["reason"]
+        honest = [ws for ws in lab.scheduler.workers.values() if ws.name == "alice"]
+        assert honest and honest[0].memory_limit >= 64 * 2**20 and honest[0].nthreads == 1
+        assert product_blocks(4096, 4096, 4096, 8, honest[0].memory_limit / 4, 1)[0] > 64  # not the smallest tiles
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
+@pytest.mark.parametrize("nthreads, memory_limit", [
+    (0, None), (-3, None), (True, None), ("4", None), (4.0, None), (257, None), (None, None),
+    (1, 1), (1, -2**40), (1, float("nan")), (1, float("inf")), (1, "8GB"), (1, True), (1, [2**30]),
+])
+def test_what_a_registering_volunteer_may_claim(nthreads, memory_limit):
+    """What a hostile volunteer can put in its ``register-worker`` message (any msgpack value), refused."""
+    from goblin_dask.credentials import CredentialError
+    from scheduler_plugins.admission import _check_volunteer_claims
+
+    with pytest.raises(CredentialError, match="it claims"):
+        _check_volunteer_claims(nthreads, memory_limit)
+
+
+def test_what_an_honest_volunteer_claims_passes():
+    from scheduler_plugins.admission import VOLUNTEER_MAX_THREADS, _check_volunteer_claims
+
+    for nthreads, memory_limit in ((1, None), (1, 0), (VOLUNTEER_MAX_THREADS, 2**36), (8, 64 * 2**20), (2, 1.5e9)):
+        _check_volunteer_claims(nthreads, memory_limit)
+
+
 def test_a_volunteer_that_left_may_come_back_but_a_banned_one_may_not(tmp_path):
     async def body(lab):
         alice, bob = lab.credentials["alice"], lab.credentials["bob"]
