@@ -12,7 +12,11 @@ KIND (each computes the honest result first, then):
 * ``zeros``: returns zeros;
 * ``element``: multiplies the largest-magnitude finite element by 1 + 1e-3;
 * ``stale``: returns the result of an earlier task of the same shape and dtype;
-* ``stall``: never returns (it holds the task until the lab node reissues it).
+* ``stall``: never returns (it holds the task until the lab node reissues it);
+* ``scale``: multiplies the whole result by 1.001 (a gradient scaled a little).
+
+``--cheat-op NAME``: cheat on that op only (``program``: a stage task's outputs; ``matmul``: one
+product inside it), every other op honest.
 
 ``--honest-first N``: compute honestly for the first N tasks, then cheat.
 """
@@ -24,7 +28,7 @@ import threading
 
 import numpy as np
 
-KINDS = ("noise", "zeros", "element", "stale", "stall")
+KINDS = ("noise", "zeros", "element", "stale", "stall", "scale")
 
 
 def corrupt(kind: str, out, earlier: dict):
@@ -35,6 +39,8 @@ def corrupt(kind: str, out, earlier: dict):
         threading.Event().wait()
     if kind == "zeros":
         return np.zeros_like(out)
+    if kind == "scale" and out.dtype.kind in "fc":
+        return (out * out.dtype.type(1 + 1e-3)).astype(out.dtype)
     if kind == "stale":
         return earlier.get((out.shape, out.dtype.str), out)
     if out.dtype.kind not in "fc":  # integers: off by one
@@ -56,18 +62,18 @@ def corrupt(kind: str, out, earlier: dict):
     raise ValueError(f"unknown cheat {kind!r}; one of {KINDS}")
 
 
-def parse(argv: list[str]) -> tuple[str, int, list[str]]:
+def parse(argv: list[str]) -> tuple[str, int, str, list[str]]:
     from tests.agent_options import take_options
 
-    opts, rest = take_options(argv, {"cheat": "noise", "honest-first": 0})
+    opts, rest = take_options(argv, {"cheat": "noise", "honest-first": 0, "cheat-op": ""})
     kind, honest_first = opts["cheat"], int(opts["honest-first"])
     if kind not in KINDS:
         raise SystemExit(f"tests.cheaters: --cheat must be one of {KINDS}, got {kind!r}")
-    return kind, honest_first, rest
+    return kind, honest_first, opts["cheat-op"], rest
 
 
 def main(argv: list[str]) -> None:
-    kind, honest_first, rest = parse(argv)
+    kind, honest_first, only_op, rest = parse(argv)
     from goblin_dask.ops.spec import OpSpec
 
     honest_call = OpSpec.__call__
@@ -77,6 +83,8 @@ def main(argv: list[str]) -> None:
 
     def cheating_call(self, *args, **params):
         out = honest_call(self, *args, **params)
+        if only_op and self.name != only_op:
+            return out
         with lock:
             state["tasks"] += 1
             honest = state["tasks"] <= honest_first

@@ -149,10 +149,11 @@ class LabNode:
 
     def add_volunteer(self, credential: str | None = None, *, nthreads: int | None = None, memory_limit=None,
                       wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = (),
-                      module: str = "goblin_dask.volunteer") -> str:
+                      module: str = "goblin_dask.volunteer", env: dict[str, str] | None = None) -> str:
         """Start one more local volunteer process (as ``goblin volunteer`` would); returns its name.
 
-        ``module`` is the program run with ``python -m`` (tests start deliberately faulty agents this way).
+        ``module`` is the program run with ``python -m`` (tests start deliberately faulty agents this way);
+        ``env``: variables set for it alone (another BLAS kernel, as on another CPU).
         """
         from goblin_dask.tls import Credential
 
@@ -164,7 +165,7 @@ class LabNode:
             "--memory-limit", str(memory_limit or self._memory_limit),
             "--state-dir", str(self.state_dir / "volunteers" / name),  # its control page's files: gone with the grid
             *extra_args,
-        ])
+        ], env=env)
         if wait:
             self._wait_until_joined(lambda: name in self.volunteer_names(), [name], timeout,
                                     lambda: f"volunteer {name} did not join within {timeout:.0f} s")

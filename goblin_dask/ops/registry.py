@@ -143,6 +143,16 @@ def task_violation(task: Any, where: str = "task") -> str | None:
         if not is_registered(task.func):
             return f"{where}: op {task.func!r} is not in the catalog"
         op = task.func
+        if op.name in ("program", "program_sketch"):  # a stage: every step checked as a task of its own
+            from goblin_dask.ops.program import program_violation
+
+            expected = {"program"} if op.name == "program" else {"program", "seed"}
+            if set(task.kwargs) != expected or type(task.kwargs.get("seed", 0)) is not int:
+                return f"{where}: a {op.name} task takes {sorted(expected)} and nothing else"
+            for i, a in enumerate(task.args):
+                if (why := plain_data_violation(a, f"{where} (program) operand {i}")) is not None:
+                    return why
+            return program_violation(task.kwargs["program"], f"{where} ({op.name})")
         if op.placement == "lab":
             return f"{where}: op {op.name} runs on the lab worker only (checking it would cost as much as computing it)"
         for i, a in enumerate(task.args):
@@ -173,8 +183,13 @@ def task_violation(task: Any, where: str = "task") -> str | None:
 def text_violation(op: OpSpec, param: str, value: Any) -> str | None:
     """Why parameter ``param`` of ``op`` may not carry the text in ``value``, or None.
 
-    Text is allowed only in the op's declared ``text_params``, each string matching its grammar.
+    Text is allowed only in the op's declared ``text_params``, each string matching its grammar; a
+    stage program's text is its steps' op names and their own text parameters, each checked so.
     """
+    if op.name in ("program", "program_sketch") and param == "program":
+        from goblin_dask.ops.program import program_violation
+
+        return program_violation(value)
     grammar = op.text_params.get(param)
     for text in _texts(value):
         if grammar is None:

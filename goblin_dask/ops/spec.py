@@ -224,6 +224,10 @@ class OpSpec:
     #: ``examples(n, rng, dtype) -> [(operands, params), ...]`` on blocks about n x n: the
     #: catalog tests and the GPU check run every op through these (elementwise ops draw their own).
     examples: Callable[..., list[Example]] | None = None
+    #: ``compare(got, want, operands, params) -> bool``: whether two results of one task agree, where the
+    #: generic rounding rule (:func:`goblin_dask.validation.checks.same_result`) does not fit (a program's
+    #: outputs, each with its own scale); None: that rule.
+    compare: Callable[..., bool] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

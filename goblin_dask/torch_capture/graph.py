@@ -13,6 +13,7 @@ and enter a computation through ``ga.from_array``.  No torch, no pickle.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, Mapping, Sequence
@@ -20,6 +21,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 FORMAT = "goblin-dask.capture/1"
+
+logger = logging.getLogger("goblin_dask.capture")
 
 
 class UnsupportedOperator(NotImplementedError):
@@ -219,10 +222,27 @@ class Graph:
         self._fold, self._fold_ops = fold, frozenset(ops)
         return fold
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, slices: int | None = None) -> Any:
+        """The outputs for ``args``: as stage tasks on a lab node with volunteers (``slices`` of the batch,
+        None: chosen by :func:`stage_slices`), else op by op."""
         import goblin_dask.array as ga
-        from goblin_dask.array.linalg import one_reading_of_the_workers
-        from goblin_dask.torch_capture import aten
+
+        env = self._inputs(args)
+        staged = self._staged(env, slices)
+        if staged is not None:
+            results = staged
+        else:
+            for name in self.constant_specs:
+                env[name] = _LazyConstant(self, name)
+            for name in self._folded():
+                env[name] = _LazyConstant(self, name)
+            results = self._evaluate(env)
+        results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
+        return results[0] if self.single else results
+
+    def _inputs(self, args: Sequence[Any]) -> dict[str, Any]:
+        """The call's inputs by name, checked against the captured dtypes and shapes."""
+        import goblin_dask.array as ga
 
         if len(args) != len(self.inputs):
             raise TypeError(f"the graph takes {len(self.inputs)} inputs, got {len(args)}")
@@ -238,13 +258,18 @@ class Graph:
                 raise ValueError(f"input {spec['name']!r}: shape {tuple(x.shape)}, the model takes "
                                  f"{tuple(shape)} (a name is a batch size of any value)")
             env[spec["name"]] = x if isinstance(x, ga.Array) else _LazyConstant(None, spec["name"], x)
-        for name in self.constant_specs:
-            env[name] = _LazyConstant(self, name)
+        return env
+
+    def _evaluate(self, env: dict[str, Any]) -> tuple:
+        """The outputs, node after node (``env``: the inputs, constants and folded nodes by name)."""
+        import goblin_dask.array as ga
+        from goblin_dask.array.linalg import one_reading_of_the_workers
+        from goblin_dask.torch_capture import aten
+
         folded = self._folded()
         with one_reading_of_the_workers():  # every product of the pass is sized against one view of them
             for n in self.nodes:
                 if n["name"] in folded:
-                    env[n["name"]] = _LazyConstant(self, n["name"])
                     continue
                 try:
                     out = _run_node(n, env, ga, aten)
@@ -252,9 +277,81 @@ class Graph:
                     e.capture_node = n["name"]  # which node's row refused (capture reports its place in the model)
                     raise
                 env[n["name"]] = _whole(out)
-        results = tuple(_resolve(_decode(o, env)) for o in self.outputs)
-        results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
-        return results[0] if self.single else results
+        return tuple(_resolve(_decode(o, env)) for o in self.outputs)
+
+    # -- stage tasks ---------------------------------------------------------------------------
+
+    def _stage_names(self) -> list[str]:
+        """What a stage program reads, in order: the inputs, then the constants and folded nodes it uses."""
+        used = set()
+        folded = self._folded()
+        for n in self.nodes:
+            if n["name"] not in folded:
+                used.update(_refs(n["args"]) + _refs(list(n["kwargs"].values())))
+        used.update(_refs(list(self.outputs)))
+        lab = [k for k in self.constant_specs if k in used] + [k for k in folded if k in used]
+        return [i["name"] for i in self.inputs] + lab
+
+    def stage_program(self, shapes: Sequence[tuple]) -> Any:
+        """The whole graph as one stage program for inputs of ``shapes`` (traced once per shapes), or None
+        where it cannot be one (:class:`goblin_dask.array.program.ProgramUnavailable`)."""
+        from goblin_dask.array import program as prog
+
+        key = tuple(tuple(int(d) for d in s) for s in shapes)
+        cache = self.__dict__.setdefault("_programs", {})
+        if key not in cache and self._draws_random():
+            # a random operator's seed is a literal of its task, set when the graph is built: a program
+            # traced once would draw the same numbers every call
+            cache[key] = None
+        if key not in cache:
+            from goblin_dask.ops.spec import Aval
+
+            names = self._stage_names()
+            avals = [Aval(s, np.dtype(i["dtype"])) for s, i in zip(key, self.inputs)]
+            avals += [Aval.of(self._constant_value(k)) for k in names[len(self.inputs):]]
+
+            def fn(*arrays):
+                return self._evaluate(dict(zip(names, arrays)))
+
+            try:
+                cache[key] = prog.trace(fn, avals)
+            except (prog.ProgramUnavailable, NotImplementedError, TypeError) as e:
+                logger.info("the captured graph runs op by op, not as one stage task: %s", e)
+                cache[key] = None
+        return cache[key]
+
+    def _draws_random(self) -> bool:
+        from goblin_dask.torch_capture import aten
+
+        return any("random" in aten.TABLE[n["op"]].needs for n in self.nodes)
+
+    def _staged(self, env: dict[str, Any], slices: int | None = None) -> tuple | None:
+        """The outputs as stage tasks, one per slice of the batch (:func:`stage_slices`), or None: op by op."""
+        from goblin_dask.array import program as prog
+
+        slices = stage_slices(self, env, slices)
+        if not slices:
+            return None
+        import goblin_dask.array as ga
+
+        names = self._stage_names()
+        inputs = [env[i["name"]] for i in self.inputs]
+        inputs = [x.array() if isinstance(x, _LazyConstant) else x for x in inputs]
+        batched = [bool(i["shape"]) and isinstance(i["shape"][0], str) for i in self.inputs]
+        batch = min((x.shape[0] for x, b in zip(inputs, batched) if b), default=1)
+        slices = 1 if not any(batched) else min(slices, batch)
+        bounds = [(b * batch // slices, (b + 1) * batch // slices) for b in range(slices)]
+        lab = [self._constant(k) for k in names[len(self.inputs):]]
+        parts = []
+        for lo, hi in bounds:
+            xs = [x[lo:hi] if b and slices > 1 else x for x, b in zip(inputs, batched)]
+            program = self.stage_program([x.shape for x in xs])
+            if program is None:
+                return None
+            parts.append(prog.call(program, *xs, *lab))
+        if len(parts) == 1:
+            return tuple(parts[0])
+        return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
 
     # -- the form with no pickle ---------------------------------------------------------------
 
@@ -364,3 +461,46 @@ def _resolve(v: Any, concrete: bool = False) -> Any:
     if isinstance(v, list):
         return [_resolve(x, concrete) for x in v]
     return v
+
+
+def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None) -> int:
+    """How many stage tasks a pass is cut into along the batch (0: none, run op by op).
+
+    Stage tasks need a lab node with volunteers (``goblin.stage.tasks``, on by default) and a model
+    whose arrays besides the batch (constants, and inputs with no batch axis: a Trainer's parameters)
+    fit ``goblin.stage.memory-fraction`` of the smallest volunteer thread's memory; a larger model
+    runs op by op, its products cut into tiles.  ``slices`` given: that many.  Else one task per
+    volunteer thread, at most one per batch row, at least ``1 / max-share`` when an input is capped
+    lab data, so that no task holds more of it than a product tile would."""
+    from goblin_dask import settings
+    from goblin_dask.array.linalg import _workers_info, volunteer_capacity
+    from goblin_dask.array.sources import share_cap, upload_client
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    if not settings.get("goblin.stage.tasks") or upload_client() is None:
+        return 0
+    threads = sum(int(w.get("nthreads", 1)) for w in _workers_info()
+                  if VOLUNTEER_RESOURCE in (w.get("resources") or {}))
+    if not threads:
+        return 0
+    xs = [env[i["name"]] for i in graph.inputs]
+    shapes = [x.value.shape if isinstance(x, _LazyConstant) else x.shape for x in xs]
+    batched = [bool(i["shape"]) and isinstance(i["shape"][0], str) for i in graph.inputs]
+    resident = sum(graph._constant_value(k).nbytes for k in graph._stage_names()[len(graph.inputs):])
+    resident += sum(int(np.prod(s)) * np.dtype(i["dtype"]).itemsize
+                    for s, b, i in zip(shapes, batched, graph.inputs) if not b)
+    memory, _ = volunteer_capacity()
+    if resident > memory * float(settings.get("goblin.stage.memory-fraction")):
+        return 0
+    if slices is not None:
+        return int(slices)
+    outputs = [n for n in graph.nodes if n["name"] in set(_refs(list(graph.outputs)))]
+    if not any(batched) or not all(n.get("shape") and isinstance(n["shape"][0], str) for n in outputs):
+        return 1
+    batch = min(s[0] for s, b in zip(shapes, batched) if b)
+    need = 1
+    for s, b in zip(shapes, batched):
+        cap = share_cap(int(np.prod(s))) if b else None
+        if cap:
+            need = max(need, math.ceil(int(np.prod(s)) / cap))
+    return int(max(1, min(batch, max(threads, need))))

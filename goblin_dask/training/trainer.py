@@ -249,11 +249,15 @@ class Trainer:
         bufs = [_parameters(self._buffers[k]) for k in self.buffer_names]
         losses, grads = [], []
         P = len(params)
+        staged = self._staged(x, y, parts, params, bufs)
+        if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
+            xa, ya = ga.from_array(x), ga.from_array(y)
         for i, idx in enumerate(parts):
-            xi, yi = x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]
+            lo, hi = idx[0], idx[-1] + 1
+            xi, yi = x[lo:hi], y[lo:hi]
             graph = self._graph_for(xi, yi)
             with random_seed((self.seed, self.rounds, i)):
-                out = graph(*params, *bufs, xi, yi)
+                out = graph(*params, *bufs, xa[lo:hi], ya[lo:hi], slices=1) if staged else graph(*params, *bufs, xi, yi)
             out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
             losses.append(out[0])
             grads.append(out[1:1 + P])
@@ -276,6 +280,26 @@ class Trainer:
                              TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
                              List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
         return dsk, step_key
+
+    def _staged(self, x: np.ndarray, y: np.ndarray, parts: list, params: list, bufs: list) -> bool:
+        """Does each micro-batch run as one stage task (its forward and backward on one volunteer, replicated
+        on another), rather than op by op?  Where ``goblin.stage.tasks`` is on, the lab node has volunteers,
+        the model's arrays fit ``goblin.stage.memory-fraction`` of a volunteer thread's memory, the whole model
+        is one stage of the plan, and its joint graph traces to a program (no random operator)."""
+        from goblin_dask.torch_capture.graph import _LazyConstant, stage_slices
+
+        if len(self.plan.stages) != 1:
+            return False
+        for idx in {(len(p),) for p in parts}:
+            lo, hi = 0, idx[0]
+            graph = self._graph_for(x[lo:hi], y[lo:hi])
+            env = dict(zip((i["name"] for i in graph.inputs),
+                           [*params, *bufs, _LazyConstant(None, "x", x[lo:hi]), _LazyConstant(None, "y", y[lo:hi])]))
+            if not stage_slices(graph, env, 1):
+                return False
+            if graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape]) is None:
+                return False
+        return True
 
     def _client(self) -> Any:
         if self.client is None:

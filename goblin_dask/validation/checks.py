@@ -162,6 +162,8 @@ def judge(op: OpSpec, operands: tuple, params: dict, result: Any) -> bool:
             return bool(check_product(form.c, form.a, form.b, form.c0))
         verification = verification.otherwise
     want = op.kernel("cpu")(*operands, **params)
+    if op.compare is not None:
+        return bool(op.compare(result, want, operands, params))
     return same_result(result, want, operands, exact=isinstance(verification, Exact))
 
 
@@ -197,6 +199,12 @@ class _Check:
             self.seconds += time.perf_counter() - start
             self.cpu_seconds += time.thread_time() - cpu
 
+    def same(self, got: Any, want: Any, exact: bool = False) -> bool:
+        """Do two results of this task agree (the op's own comparison where it declares one)?"""
+        if self.op.compare is not None:
+            return bool(self.op.compare(got, want, self.operands, self.params))
+        return same_result(got, want, self.operands, exact)
+
     def lab_result(self) -> Any:
         """What an honest CPU volunteer computes: the catalog's CPU kernel (numba where the op has one).
 
@@ -226,7 +234,7 @@ class _Check:
 
     def recompute(self, result: Any, method: str, exact: bool = False) -> Any:
         want = self.lab_result()
-        ok = self._timed(same_result, result, want, self.operands, exact)
+        ok = self._timed(self.same, result, want, exact)
         self.verdict(self.raw_key, method, ok)
         return result if ok else want
 
@@ -235,28 +243,30 @@ class _Check:
         if policy is None:  # not on a lab node (local scheduler): nothing to verify against
             return result
         if policy.get("replica") is not None:
-            second = self.compute_replica(policy["replica"], float(policy.get("timeout", 600)))
-            why = result_form_violation(second, self.op, self.operands, self.params) if second is not None else None
+            replica = _Replica.of(self)
+            second = self.compute_replica(policy["replica"], float(policy.get("timeout", 600)), replica)
+            why = replica.form_violation(self, second) if second is not None else None
             if why is not None:  # the replica's volunteer sent no result of this task: rejected, the lab decides
                 logger.warning("rejected replica %r: %s", policy["replica"], why)
                 self.verdict(policy["replica"], "replica", False, why)
                 second = None
             if second is not None:
-                return self.compare_replicas(result, policy["replica"], second)
+                return self.compare_replicas(result, policy["replica"], second, replica)
             return self.recompute(result, "recompute")  # no replica in time: the lab decides alone
         if policy.get("sample"):
             return self.recompute(result, "sample")
         self.verdict(self.raw_key, "trusted", True)
         return result
 
-    def compute_replica(self, replica_key: Any, timeout: float) -> Any:
+    def compute_replica(self, replica_key: Any, timeout: float, replica: "_Replica | None" = None) -> Any:
         """The same task again, on another volunteer (the ledger restricts where); None if it does not come back."""
         from distributed import worker_client
 
+        replica = replica or _Replica.of(self)
         key = as_key(replica_key)
         refs = self.refs or (None,) * len(self.operands)
         args = [TaskRef(as_key(r)) if r is not None else x for r, x in zip(refs, self.operands)]
-        task = CatalogTask(key, self.op, *args, placement="volunteer", **self.params)
+        task = CatalogTask(key, replica.op, *args, placement="volunteer", **replica.params)
         with worker_client() as client:
             future = client.get({key: task}, key, sync=False)
             try:
@@ -267,19 +277,46 @@ class _Check:
             finally:
                 future.release()
 
-    def compare_replicas(self, result: Any, replica_key: Any, second: Any) -> Any:
-        if self._timed(same_result, result, second, self.operands):
+    def compare_replicas(self, result: Any, replica_key: Any, second: Any, replica: "_Replica | None" = None) -> Any:
+        replica = replica or _Replica.of(self)
+        if self._timed(replica.agree, self, result, second):
             self.verdict(self.raw_key, "replica", True)
             self.verdict(replica_key, "replica", True)
             return result
         # They disagree: the validator recomputes and decides, for each of them.
         want = self.lab_result()
-        ok_first = self._timed(same_result, result, want, self.operands)
-        ok_second = self._timed(same_result, second, want, self.operands)
+        ok_first = self._timed(self.same, result, want)
+        ok_second = self._timed(replica.agree, self, want, second)
         self.verdict(self.raw_key, "replica", ok_first)
         self.verdict(replica_key, "replica", ok_second)
-        return result if ok_first else second if ok_second else want
+        return result if ok_first else second if ok_second and replica.op is self.op else want
 
+
+class _Replica:
+    """How a replica of a task runs and is compared: the same task, compared with :meth:`_Check.same`; or, for
+    a stage task (``program``), ``program_sketch`` with a seed drawn now, after the first result is in: the
+    replica returns a fingerprint, compared with the first result's fingerprint for that seed."""
+
+    def __init__(self, op: OpSpec, params: dict, agree):
+        self.op, self.params, self.agree = op, params, agree
+
+    @classmethod
+    def of(cls, check: "_Check") -> "_Replica":
+        if check.op.name != "program":
+            return cls(check.op, check.params, lambda c, first, second: c.same(first, second))
+        import secrets
+
+        from goblin_dask.ops.program import PROGRAM_SKETCH, same_sketch, sketch
+
+        program, seed = check.params["program"], secrets.randbits(62)
+
+        def agree(c: "_Check", first: Any, fingerprint: Any) -> bool:
+            return same_sketch(fingerprint, sketch(first, program, seed), program)
+
+        return cls(PROGRAM_SKETCH, {"program": program, "seed": seed}, agree)
+
+    def form_violation(self, check: "_Check", second: Any) -> str | None:
+        return result_form_violation(second, self.op, check.operands, self.params)
 
 def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) -> bool:
     """Do two results of the same task agree?  Exact for integers and booleans (and ``exact`` ops).

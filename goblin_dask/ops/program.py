@@ -1,0 +1,347 @@
+"""``program``: a straight-line graph of catalog operations run as one volunteer task (a stage).
+
+Why: a model's forward (or forward and backward) cut op by op is hundreds of tasks, each a lab ->
+volunteer -> lab round trip with its operands on the wire and its glue on the lab worker.  A stage
+task sends the stage's inputs once, runs every op where the data already is, and returns only the
+stage's outputs: the work is coarse (Dask's ~1 ms per task, BOINC's and DiLoCo's coarse units).
+
+A program is plain data, never code: ``(FORMAT, n_inputs, steps, outputs, result_dtype, flops)``
+where each step is ``(op name, op version, args, kwargs as (name, value) pairs)``, an argument
+``("$ref", i)`` is value ``i`` (the inputs first, then one value per step, in order) and every
+other argument is a literal of the kinds a catalog task may carry.  Every step's op is resolved
+by name from the volunteer's own catalog and checked like a task of its own
+(:func:`program_violation`, run by the lab node before placing and by the volunteer before
+running).  Ops the lab keeps for itself when they travel alone (layout, selections) run inside
+a program: the program is verified as a whole.
+
+The result is one flat array: the outputs raveled and concatenated in ``result_dtype`` (the
+lab's form check reads its length and dtype from the program, before any comparison).  Its
+verification is a replica on another volunteer, with the lab recomputing the program where they
+disagree.  The replica runs as ``program_sketch``: the same program, returning only a fingerprint
+of its outputs (:func:`sketch`, about 1/64 of their bytes), drawn from a seed the lab picks after
+the first result is in; the lab fingerprints the first result with the same seed and compares
+(:func:`same_sketch`).  A replica's upload is then a few percent of a stage's outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from goblin_dask.ops.registry import register
+from goblin_dask.ops.spec import Aval, Cost, OpSpec, Replica
+
+FORMAT = "goblin-program/1"
+REF = "$ref"
+#: Most steps one program may hold (a GPT's forward and backward is a few thousand).
+MAX_STEPS = 50_000
+#: Replica comparison of a program's outputs, in units of the result dtype's epsilon, of each output's
+#: norm: honest volunteers (other BLAS kernels, thread counts) differ by rounding that grows with depth
+#: (measured on a 4-layer GPT's forward and backward: see ``tests/test_program.py``); a gradient scaled
+#: by 1.001 or one wrong product moves an output by far more.
+PROGRAM_TOLERANCE_EPS = 4096.0
+
+
+def is_ref(value: Any) -> bool:
+    return type(value) is tuple and len(value) == 2 and value[0] == REF and type(value[1]) is int
+
+
+def _parts(program: Any) -> tuple:
+    if type(program) is not tuple or len(program) != 6 or program[0] != FORMAT:
+        raise ValueError(f"program: not a {FORMAT} program")
+    return program
+
+
+def outputs_of(program: tuple) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The (shape, dtype) of each output, in the order they are packed."""
+    return [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in _parts(program)[3]]
+
+
+def _resolve(value: Any, env: list) -> Any:
+    if is_ref(value):
+        return env[value[1]]
+    if type(value) is tuple:
+        return tuple(_resolve(v, env) for v in value)
+    if type(value) is list:
+        return [_resolve(v, env) for v in value]
+    return value
+
+
+def _refs_in(value: Any):
+    if is_ref(value):
+        yield value[1]
+    elif type(value) in (tuple, list):
+        for v in value:
+            yield from _refs_in(v)
+
+
+def run(*inputs: Any, program: tuple) -> np.ndarray:
+    """Run the program's steps on its inputs; return the outputs packed (see the module docstring).
+
+    A value is dropped once no later step or output reads it, so a stage holds its live
+    activations only, as a framework's own executor would."""
+    _, n_inputs, steps, outputs, result_dtype, _ = _parts(program)
+    from goblin_dask.ops.registry import op_by_name
+
+    if len(inputs) != n_inputs:
+        raise TypeError(f"program: takes {n_inputs} inputs, got {len(inputs)}")
+    last = {}
+    for i, (_, _, args, kwargs) in enumerate(steps):
+        for r in _refs_in((args, kwargs)):
+            last[r] = n_inputs + i
+    keep = {o[0] for o in outputs}
+    env: list = list(inputs)
+    for i, (name, version, args, kwargs) in enumerate(steps):
+        op = op_by_name(name, version)
+        here = n_inputs + i
+        try:
+            value = op(*_resolve(args, env), **{k: _resolve(v, env) for k, v in kwargs})
+        except Exception as e:
+            e.add_note(f"in step {i} ({name}) of a program")
+            raise
+        env.append(value)
+        for r in set(_refs_in((args, kwargs))):
+            if last.get(r) == here and r not in keep:
+                env[r] = None
+    dtype = np.dtype(result_dtype)
+    parts = [np.asarray(env[i]).astype(dtype, copy=False).reshape(-1) for i, _, _ in outputs]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def program_violation(program: Any, where: str = "program") -> str | None:
+    """Why ``program`` may not run on a volunteer, or None: every step a catalog op (no program in a
+    program) on plain data, text only in the op's text parameters, references only to earlier values."""
+    from goblin_dask.ops.registry import CatalogError, op_by_name, plain_data_violation, text_violation
+
+    try:
+        _, n_inputs, steps, outputs, result_dtype, flops = _parts(program)
+    except ValueError as e:
+        return f"{where}: {e}"
+    if type(n_inputs) is not int or n_inputs < 0 or type(steps) is not tuple or type(outputs) is not tuple:
+        return f"{where}: malformed header"
+    if len(steps) > MAX_STEPS:
+        return f"{where}: {len(steps)} steps (at most {MAX_STEPS})"
+    if type(flops) not in (int, float) or not math.isfinite(flops) or flops < 0:
+        return f"{where}: flops {flops!r}"
+    try:
+        if np.dtype(result_dtype).kind not in "biufc":
+            return f"{where}: result dtype {result_dtype!r}"
+    except TypeError:
+        return f"{where}: result dtype {result_dtype!r}"
+    known = n_inputs
+    for i, step in enumerate(steps):
+        at = f"{where} step {i}"
+        if type(step) is not tuple or len(step) != 4:
+            return f"{at}: malformed"
+        name, version, args, kwargs = step
+        if type(name) is not str or type(version) is not int or type(args) is not tuple or type(kwargs) is not tuple:
+            return f"{at}: malformed"
+        try:
+            op = op_by_name(name, version)
+        except CatalogError as e:
+            return f"{at}: {e}"
+        if op.name in ("program", "program_sketch"):
+            return f"{at}: a program inside a program"
+        if any(r < 0 or r >= known for r in _refs_in((args, kwargs))):
+            return f"{at} ({name}): reads a value that is not computed before it"
+        for j, a in enumerate(args):
+            if (why := plain_data_violation(_unref(a), f"{at} ({name}) operand {j}")) is not None:
+                return why
+            if _has_text(a):
+                return f"{at} ({name}) operand {j}: text is no operand"
+        for pair in kwargs:
+            if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str:
+                return f"{at} ({name}): malformed parameter"
+            k, v = pair
+            if k not in op.params:
+                return f"{at} ({name}): unknown parameter {k[:40]!r}"
+            if (why := plain_data_violation(_unref(v), f"{at} ({name}) parameter {k}")) is not None:
+                return why
+            if (why := text_violation(op, k, _unref(v))) is not None:
+                return f"{at}: {why}"
+        known += 1
+    for o in outputs:
+        if (type(o) is not tuple or len(o) != 3 or type(o[0]) is not int or not 0 <= o[0] < known
+                or type(o[1]) is not tuple or any(type(s) is not int or s < 0 for s in o[1])):
+            return f"{where}: malformed output {str(o)[:60]}"
+        try:
+            np.dtype(o[2])
+        except TypeError:
+            return f"{where}: output dtype {str(o[2])[:40]!r}"
+    return None
+
+
+def _unref(value: Any) -> Any:
+    if is_ref(value):
+        return None
+    if type(value) in (tuple, list):
+        return type(value)(_unref(v) for v in value)
+    return value
+
+
+def _has_text(value: Any) -> bool:
+    if is_ref(value):
+        return False
+    if isinstance(value, str):
+        return True
+    return type(value) in (tuple, list) and any(_has_text(v) for v in value)
+
+
+def _shape(*inputs: Aval, program: tuple) -> tuple[int, ...]:
+    if (why := program_violation(program)) is not None:
+        raise ValueError(why)
+    if len(inputs) != program[1]:
+        raise ValueError(f"program: takes {program[1]} inputs, got {len(inputs)}")
+    return (sum(math.prod(shape) for shape, _ in outputs_of(program)),)
+
+
+def _dtype(*inputs: Aval, program: tuple) -> np.dtype:
+    return np.dtype(_parts(program)[4])
+
+
+def _cost(*inputs: Aval, program: tuple) -> Cost:
+    out = sum(math.prod(shape) for shape, _ in outputs_of(program)) * np.dtype(_parts(program)[4]).itemsize
+    return Cost(float(program[5]), float(sum(a.nbytes for a in inputs) + out))
+
+
+def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict | None = None) -> bool:
+    """Do two results of one program agree?  Output by output: NaN and inf in the same places, and the
+    rest within ``PROGRAM_TOLERANCE_EPS`` epsilons of that output's largest magnitude, elementwise,
+    and of its norm, as a whole (a whole output moved by a little, as a scaled gradient, fails the
+    second)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if got.dtype.kind not in "fc":
+        return bool(np.array_equal(got, want))
+    program = (params or {}).get("program")
+    bounds = [(0, want.size)]
+    if program is not None:
+        sizes = [math.prod(s) for s, _ in outputs_of(program)]
+        edges = np.cumsum([0, *sizes])
+        bounds = list(zip(edges[:-1], edges[1:]))
+    tol = PROGRAM_TOLERANCE_EPS * float(np.finfo(want.dtype).eps)
+    for lo, hi in bounds:
+        g, w = got[lo:hi], want[lo:hi]
+        if not (np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(np.isinf(g), np.isinf(w))):
+            return False
+        inf = np.isinf(w)
+        if inf.any() and not np.array_equal(g[inf], w[inf]):
+            return False
+        fin = np.isfinite(w)
+        g64, w64 = g[fin].astype(np.float64), w[fin].astype(np.float64)
+        diff = np.abs(g64 - w64)
+        scale = float(np.abs(w64).max(initial=0.0))
+        if float(diff.max(initial=0.0)) > tol * scale:
+            return False
+        norm = float(np.linalg.norm(w64))
+        if float(np.linalg.norm(diff)) > tol * norm / 8:
+            return False
+    return True
+
+
+#: A fingerprint projects each block of ``SKETCH_BLOCK`` output elements on ``SKETCH_ROWS`` random sign vectors.
+SKETCH_BLOCK = 256
+SKETCH_ROWS = 2
+#: Per output: its largest finite magnitude, its norm, and (count, weighted position sum) of its NaN, +inf, -inf.
+_HEADER = 8
+
+
+def _segment_sketch(values: np.ndarray, seed: int, index: int) -> np.ndarray:
+    from goblin_dask.ops._sketch_kernel import block_projections
+
+    v = values.reshape(-1)
+    mixed = (int(seed) * 1_000_003 + index) % (1 << 64)
+    head = np.zeros(_HEADER)
+    got = block_projections(v, mixed, SKETCH_ROWS, SKETCH_BLOCK)
+    if got is None:  # NaN or inf somewhere: where, by (count, randomly weighted position sum); the rest as 0
+        weights = np.random.Generator(np.random.PCG64([seed, index, 1])).random(v.size)
+        for j, mask in enumerate((np.isnan(v), v == np.inf, v == -np.inf)):
+            head[2 + 2 * j] = float(mask.sum())
+            head[3 + 2 * j] = float(weights[mask].sum())
+        got = block_projections(np.where(np.isfinite(v), v, 0), mixed, SKETCH_ROWS, SKETCH_BLOCK)
+    projections, head[0], head[1] = got
+    return np.concatenate([head, projections.reshape(-1)])
+
+
+def sketch(result: Any, program: tuple, seed: int) -> np.ndarray:
+    """The fingerprint of a program's packed ``result`` for ``seed`` (float64; see :func:`same_sketch`)."""
+    r = np.asarray(result)
+    sizes = [math.prod(s) for s, _ in outputs_of(program)]
+    edges = np.cumsum([0, *sizes])
+    return np.concatenate([_segment_sketch(r[lo:hi], int(seed), i) for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+                          or [np.zeros(0)])
+
+
+def sketch_size(program: tuple) -> int:
+    return sum(_HEADER + SKETCH_ROWS * -(-math.prod(s) // SKETCH_BLOCK) for s, _ in outputs_of(program))
+
+
+def run_sketch(*inputs: Any, program: tuple, seed: int) -> np.ndarray:
+    """A replica of a stage task: the program run in full, only its fingerprint returned."""
+    return sketch(run(*inputs, program=program), program, seed)
+
+
+def same_sketch(got: Any, want: Any, program: tuple) -> bool:
+    """Do two fingerprints (same seed) show the same outputs, within :func:`same_program_result`'s rounding?
+
+    Per output: NaN, +inf and -inf at the same places (counts and randomly weighted position sums); each
+    block's projections within ``2 x PROGRAM_TOLERANCE_EPS`` epsilons of the output's largest magnitude (one
+    element off by ~1e-3 of that, in float32, is caught: a sign vector carries it whole); and the projections'
+    root mean square within ``PROGRAM_TOLERANCE_EPS / 8`` of its norm (an output scaled by 1.001 is caught).
+    Honest rounding is ~10 epsilons elementwise (see ``tests/test_stage_tasks.py``).  A cheater who sent the
+    first result knew no seed: its error is independent of the sign vectors."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape or got.shape != (sketch_size(program),):
+        return False
+    eps = float(np.finfo(np.dtype(_parts(program)[4])).eps)
+    at = 0
+    for shape, _ in outputs_of(program):
+        n = _HEADER + SKETCH_ROWS * -(-math.prod(shape) // SKETCH_BLOCK)
+        g, w = got[at:at + n], want[at:at + n]
+        at += n
+        if not np.all(np.isfinite(g)) or not np.array_equal(g[2:_HEADER], w[2:_HEADER]):
+            return False
+        scale, norm = min(g[0], w[0]), min(g[1], w[1])
+        if abs(g[0] - w[0]) > PROGRAM_TOLERANCE_EPS * eps * max(scale, 0.0):
+            return False
+        d = g[_HEADER:] - w[_HEADER:]
+        if float(np.abs(d).max(initial=0.0)) > 2 * PROGRAM_TOLERANCE_EPS * eps * scale:
+            return False
+        if math.sqrt(float(np.dot(d, d)) / SKETCH_ROWS) > PROGRAM_TOLERANCE_EPS / 8 * eps * norm:
+            return False  # each row's squares sum to an estimate of the output's squared error
+    return True
+
+
+def _sketch_shape(*inputs: Aval, program: tuple, seed: int) -> tuple[int, ...]:
+    _shape(*inputs, program=program)
+    return (sketch_size(program),)
+
+
+PROGRAM = register(OpSpec(
+    name="program",
+    doc="A stage: a straight-line graph of catalog operations run as one task, its outputs packed flat.",
+    shape_rule=_shape,
+    dtype_rule=_dtype,
+    numpy=run,
+    cost=_cost,
+    verify=Replica(),
+    placement="volunteer",
+    params=("program",),
+    compare=same_program_result,
+))
+
+
+PROGRAM_SKETCH = register(OpSpec(
+    name="program_sketch",
+    doc="A stage task's replica: the program run in full, only a fingerprint of its outputs returned.",
+    shape_rule=_sketch_shape,
+    dtype_rule=lambda *inputs, program, seed: np.dtype(np.float64),
+    numpy=run_sketch,
+    cost=lambda *inputs, program, seed: _cost(*inputs, program=program),
+    verify=Replica(),
+    placement="volunteer",
+    params=("program", "seed"),
+))

@@ -1,0 +1,241 @@
+"""Stage tasks: a model's pass (or a micro-batch's forward and backward) as one volunteer task.
+
+Unit tests of the ``program`` op (its interpreter against torch, its allow-list against hostile
+programs, its replica comparison against honest rounding and small cheats), then real grids: a
+captured GPT and a Trainer on stage tasks give torch's numbers, honest volunteers on another BLAS
+kernel are never rejected, and cheaters inside a stage task are caught and banned before any of
+their numbers reach an applied update.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from goblin_dask.ops import task_violation  # noqa: E402
+from goblin_dask.ops.program import FORMAT, PROGRAM, outputs_of, program_violation, run, same_program_result  # noqa: E402
+from goblin_dask.ops.spec import CatalogTask  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from capture import gpt  # noqa: E402
+
+
+def lm_loss(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _joint_program(model, x, y):
+    from goblin_dask.training.joint import trace
+
+    pn = [n for n, _ in model.named_parameters()]
+    bn = [n for n, _ in model.named_buffers()]
+    g = trace(model, lm_loss, x, y, pn, bn)
+    params = [p.detach().numpy() for p in model.parameters()]
+    bufs = [b.numpy() for b in model.buffers()]
+    prog = g.stage_program([a.shape for a in params + bufs] + [x.shape, y.shape])
+    names = g._stage_names()
+    inputs = params + bufs + [x, y] + [g._constant_value(k) for k in names[len(g.inputs):]]
+    return prog, inputs
+
+
+def _batch(vocab=64, rows=4, seq=16, seed=0):
+    ids = np.random.default_rng(seed).integers(0, vocab, (rows, seq + 1))
+    return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+# -- the op -------------------------------------------------------------------------------------
+
+
+def test_a_forward_program_gives_torchs_numbers():
+    import goblin_dask
+
+    model = gpt(64, 32, 2, 16, 2)
+    ids = np.random.default_rng(1).integers(0, 64, (3, 16))
+    graph = goblin_dask.capture(model, torch.as_tensor(ids))
+    prog = graph.stage_program([ids.shape])
+    assert prog is not None and prog.steps > 50
+    assert program_violation(prog.spec) is None
+    names = graph._stage_names()
+    out = run(ids, *(graph._constant_value(k) for k in names[1:]), program=prog.spec)
+    want = model(torch.as_tensor(ids)).detach().numpy()
+    np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_forward_and_backward_program_gives_torchs_gradients():
+    model = gpt(64, 32, 2, 16, 2).train()
+    x, y = _batch()
+    prog, inputs = _joint_program(model, x, y)
+    assert prog is not None
+    out = run(*inputs, program=prog.spec)
+    model.zero_grad()
+    loss = lm_loss(model(torch.as_tensor(x)), torch.as_tensor(y))
+    loss.backward()
+    shapes = outputs_of(prog.spec)
+    sizes = [math.prod(s) for s, _ in shapes]
+    parts = np.split(out, np.cumsum(sizes)[:-1])
+    assert parts[0].item() == pytest.approx(float(loss), rel=1e-5)
+    for part, (shape, _), p in zip(parts[1:], shapes[1:], model.parameters()):
+        np.testing.assert_allclose(part.reshape(shape), p.grad.numpy(), rtol=1e-3, atol=1e-5)
+
+
+def _small_program():
+    return (FORMAT, 2, (("matmul", 1, (("$ref", 0), ("$ref", 1)), ()),
+                        ("add", 1, (("$ref", 2), 1.0), ())),
+            ((3, (2, 2), "<f8"),), "<f8", 16.0)
+
+
+def test_a_small_program_runs_and_packs_its_outputs():
+    a, b = np.arange(4.0).reshape(2, 2), np.eye(2)
+    np.testing.assert_array_equal(run(a, b, program=_small_program()), (a @ b + 1.0).reshape(-1))
+    task = CatalogTask(("program-" + "0" * 32, 0), PROGRAM, a, b, program=_small_program())
+    assert task_violation(task) is None
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda p: p[:2] + ((("exec", 1, (), ()),),) + p[3:], "not in the goblin catalog"),
+    (lambda p: p[:2] + ((("program", 1, (), (("program", p),)),),) + p[3:], "a program inside a program"),
+    (lambda p: p[:2] + ((("matmul", 1, (("$ref", 0), ("$ref", 5)), ()),),) + p[3:], "not computed before it"),
+    (lambda p: p[:2] + ((("add", 1, ("rm -rf /", 1.0), ()),),) + p[3:], "text is no operand"),
+    (lambda p: p[:2] + ((("einsum", 1, (("$ref", 0),), (("subscripts", "__import__('os')"),)),),) + p[3:],
+     "not in its grammar"),
+    (lambda p: p[:2] + ((("add", 1, (("$ref", 0), 1.0), (("where", 3),)),),) + p[3:], "unknown parameter"),
+    (lambda p: p[:3] + (((99, (2, 2), "<f8"),),) + p[4:], "malformed output"),
+    (lambda p: ("goblin-program/0",) + p[1:], "not a goblin-program/1 program"),
+    (lambda p: p[:4] + ("O",) + p[5:], "result dtype"),
+    (lambda p: p[:5] + (float("nan"),), "flops"),
+    (lambda p: p[:2] + (tuple(p[2]) * 30_000,) + p[3:], "steps (at most"),
+])
+def test_a_hostile_program_is_refused_before_anything_runs(mutate, why):
+    bad = mutate(_small_program())
+    reason = program_violation(bad)
+    assert reason is not None and why in reason, reason
+    task = CatalogTask(("program-" + "0" * 32, 0), PROGRAM, np.eye(2), np.eye(2), program=bad)
+    assert task_violation(task) is not None
+
+
+def test_the_replica_comparison_takes_other_blas_kernels_and_refuses_a_scaled_gradient():
+    """Honest rounding across kernels is ~10 epsilons of an output's scale (measured: SkylakeX, Katmai and
+    SandyBridge OpenBLAS kernels on this test's LM, 1 and 2 threads); the tolerance is 4096 elementwise and
+    512 in norm; a gradient scaled by 1.001 is ~8400."""
+    import threadpoolctl
+
+    model = gpt(64, 32, 2, 16, 2).train()
+    prog, inputs = _joint_program(model, *_batch())
+    params = {"program": prog.spec}
+    with threadpoolctl.threadpool_limits(1):
+        one = run(*inputs, program=prog.spec)
+    with threadpoolctl.threadpool_limits(2):
+        two = run(*inputs, program=prog.spec)
+    assert same_program_result(one, two, (), params)
+    sizes = np.cumsum([0] + [math.prod(s) for s, _ in outputs_of(prog.spec)])
+    scaled = one.copy()
+    scaled[sizes[1]:sizes[2]] *= np.float32(1.001)  # one gradient, a little off
+    assert not same_program_result(scaled, one, (), params)
+    wrong = one.copy()
+    wrong[sizes[3] + 5] += 0.05 * float(np.abs(one[sizes[3]:sizes[4]]).max())  # one entry of another
+    assert not same_program_result(wrong, one, (), params)
+    nan = one.copy()
+    nan[0] = np.nan
+    assert not same_program_result(nan, one, (), params)
+
+
+# -- on a grid ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stage_grid():
+    from goblin_dask.node.local import LabNode
+
+    with LabNode.local(volunteers=2) as node:
+        yield node
+
+
+def test_a_captured_gpt_runs_as_stage_tasks_on_the_grid(stage_grid):
+    import goblin_dask
+
+    model = gpt(64, 32, 2, 16, 2)
+    ids = np.random.default_rng(2).integers(0, 64, (6, 16))
+    graph = goblin_dask.capture(model, torch.as_tensor(ids))
+    before = stage_grid.report()
+    out = graph(ids)
+    programs = [k for k, v in dict(out.__dask_graph__()).items() if isinstance(v, CatalogTask) and v.op.name == "program"]
+    assert len(programs) == 2  # one per volunteer thread, each a slice of the batch
+    got = out.compute()
+    np.testing.assert_allclose(got, model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4, atol=1e-5)
+    after = stage_grid.report()
+    assert after["by_method"].get("replica", 0) - before["by_method"].get("replica", 0) == 4  # each replicated
+    assert after["rejected"] == before["rejected"]
+
+
+def _torch_round(model, opt, x, y, micro):
+    opt.zero_grad()
+    total = 0.0
+    for idx in np.array_split(np.arange(len(x)), micro):
+        loss = lm_loss(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])) * (len(idx) / len(x))
+        loss.backward()
+        total += float(loss.detach())
+    opt.step()
+    return total
+
+
+def _train_against_torch(node, rounds=2, micro=4):
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(3)
+    model = gpt(64, 32, 2, 16, 2).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=micro,
+                      client=node.client)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for r in range(rounds):
+        x, y = _batch(rows=8, seed=10 + r)
+        loss = trainer.step(x, y)
+        assert loss == pytest.approx(_torch_round(ref, opt, x, y, micro), rel=1e-4)
+    state = trainer.state_dict()
+    for k, v in ref.state_dict().items():
+        if v.dtype.is_floating_point:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+    return trainer
+
+
+def test_a_training_round_is_one_stage_task_per_micro_batch(stage_grid):
+    trainer = _train_against_torch(stage_grid)
+    for entry in trainer.history:
+        v = entry["verification"]
+        assert v["tasks"] == 8 and v["rejected"] == 0 and v["by_method"] == {"replica": 8}, v
+
+
+def test_honest_volunteers_on_another_blas_kernel_are_never_rejected():
+    from goblin_dask.node.local import LabNode
+
+    with LabNode.local(volunteers=1) as node:
+        node.add_volunteer(env={"OPENBLAS_CORETYPE": "SandyBridge", "OPENBLAS_NUM_THREADS": "1"})
+        trainer = _train_against_torch(node, rounds=2)
+        report = node.report()
+        assert report["rejected"] == 0 and report["accepted"] >= 16, report
+        assert all(e["verification"]["by_method"] == {"replica": 8} for e in trainer.history)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cheat, op", [("scale", "program"), ("element", "matmul"), ("stale", "program")])
+def test_a_cheater_inside_a_stage_task_never_reaches_an_update_and_is_banned(cheat, op):
+    """A gradient scaled by 1.001, one product inside the stage wrong, a result of an earlier task."""
+    from goblin_dask.node.local import LabNode
+
+    with LabNode.local(volunteers=1) as node:
+        cheater = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", cheat, "--cheat-op", op))
+        _train_against_torch(node, rounds=3)  # every applied update is torch's
+        report = node.report()
+        assert report["volunteers"][cheater]["rejected"] >= 1, report
+        honest = [n for n in report["volunteers"] if n != cheater]
+        assert all(report["volunteers"][n]["rejected"] == 0 for n in honest), report
+        if report["volunteers"][cheater]["rejected"] >= 2:
+            assert report["volunteers"][cheater]["banned"]
