@@ -211,6 +211,8 @@ def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict 
     rest within ``PROGRAM_TOLERANCE_EPS`` epsilons of that output's largest magnitude, elementwise,
     and of its norm, as a whole (a whole output moved by a little, as a scaled gradient, fails the
     second)."""
+    from goblin_dask.validation.checks import same_nonfinite
+
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
@@ -225,10 +227,7 @@ def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict 
     tol = PROGRAM_TOLERANCE_EPS * float(np.finfo(want.dtype).eps)
     for lo, hi in bounds:
         g, w = got[lo:hi], want[lo:hi]
-        if not (np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(np.isinf(g), np.isinf(w))):
-            return False
-        inf = np.isinf(w)
-        if inf.any() and not np.array_equal(g[inf], w[inf]):
+        if not same_nonfinite(g, w):
             return False
         fin = np.isfinite(w)
         g64, w64 = g[fin].astype(np.float64), w[fin].astype(np.float64)

@@ -333,10 +333,7 @@ def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) 
         return True
     if want.dtype.kind not in "fc" or exact:
         return bool(np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"))
-    if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))):
-        return False
-    inf = np.isinf(want)
-    if inf.any() and not np.array_equal(got[inf], want[inf]):
+    if not same_nonfinite(got, want):
         return False
     fin = np.isfinite(want)
     eps = float(np.finfo(want.dtype).eps)
@@ -351,6 +348,14 @@ def same_result(got: Any, want: Any, operands: tuple = (), exact: bool = False) 
             scale = max(scale, float(np.sqrt(m)) * float(finite.max(initial=0.0)))
     with np.errstate(all="ignore"):
         return bool(np.allclose(got[fin], want[fin], rtol=64 * eps, atol=64 * eps * scale))
+
+
+def same_nonfinite(got: np.ndarray, want: np.ndarray) -> bool:
+    """NaN in the same places, and infinities in the same places with the same signs."""
+    if not (np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))):
+        return False
+    inf = np.isinf(want)
+    return not inf.any() or bool(np.array_equal(got[inf], want[inf]))
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
