@@ -319,6 +319,27 @@ def _sketch_shape(*inputs: Aval, program: tuple, seed: int) -> tuple[int, ...]:
     return (sketch_size(program),)
 
 
+def _example_program(n: int, dtype: np.dtype) -> tuple:
+    """Two inputs, a product and a sum of it with the first input; both values out (the examples)."""
+    from goblin_dask.ops.registry import catalog
+
+    ops = catalog()
+    steps = (("matmul", ops["matmul"].version, (("$ref", 0), ("$ref", 1)), ()),
+             ("add", ops["add"].version, (("$ref", 2), ("$ref", 0)), ()))
+    outputs = ((3, (n, n), dtype.str), (2, (n, n), dtype.str))
+    return (FORMAT, 2, steps, outputs, dtype.str, float(2 * n ** 3 + n * n))
+
+
+def _examples(n: int, rng: np.random.Generator, dtype: np.dtype, sketched: bool = False) -> list:
+    from goblin_dask.ops._factories import matrices
+
+    dtype = np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
+    params = {"program": _example_program(n, dtype)}
+    if sketched:
+        params["seed"] = int(rng.integers(2 ** 62))
+    return [(tuple(matrices(n, rng, dtype)), params)]
+
+
 PROGRAM = register(OpSpec(
     name="program",
     doc="A stage: a straight-line graph of catalog operations run as one task, its outputs packed flat.",
@@ -330,6 +351,7 @@ PROGRAM = register(OpSpec(
     placement="volunteer",
     params=("program",),
     compare=same_program_result,
+    examples=_examples,
 ))
 
 
@@ -343,4 +365,5 @@ PROGRAM_SKETCH = register(OpSpec(
     verify=Replica(),
     placement="volunteer",
     params=("program", "seed"),
+    examples=lambda n, rng, dtype: _examples(n, rng, dtype, sketched=True),
 ))
