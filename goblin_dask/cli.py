@@ -49,8 +49,8 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
         if info["dashboard_link"]:
             click.echo(f"dashboard: {info['dashboard_link']}")
         click.echo("volunteers join with:")
-        click.echo(f"  goblin enroll --state-dir {state_dir}    # prints a credential")
-        click.echo(f"  goblin volunteer {info['address']} --token CREDENTIAL")
+        click.echo(f"  goblin enroll --state-dir {state_dir}    # writes a credential file, NAME.credential")
+        click.echo(f"  goblin volunteer {info['address']} --token NAME.credential")
         sys.stdout.flush()
 
     options = LabWorkerOptions(lab_threads, lab_memory_limit, lab_worker_port) if lab_worker else None
@@ -78,19 +78,46 @@ def lab_worker(address, credential, nthreads, memory_limit, host, port):
 
 @main.command()
 @click.option("--name", default=None, help="name to issue the credential for (default: a new one)")
+@click.option("--out", "out", default=None, metavar="FILE",
+              help="where to write the credential (mode 0600; default: ./NAME.credential; -: print it on stdout)")
 @_state_dir_option
-def enroll(name, state_dir):
-    """Print a volunteer credential for the lab node of STATE_DIR."""
-    from goblin_dask.credentials import issue_credential
+def enroll(name, out, state_dir):
+    """Write a volunteer credential file for the lab node of STATE_DIR.
+
+    The volunteer joins with `goblin volunteer ADDRESS --token FILE`: a credential travels as a private file
+    (or in the environment, GOBLIN_TOKEN), never on a command line, where every local user can read it.
+    """
+    import os
+    from pathlib import Path
+
+    from goblin_dask.credentials import CredentialError, issue_credential, require_lab
     from goblin_dask.node.scheduler import read_node_file
 
-    credential = issue_credential(state_dir, "volunteer", name).encode()
-    click.echo(credential)
+    try:
+        require_lab(state_dir)
+        credential = issue_credential(state_dir, "volunteer", name)
+    except (CredentialError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if out == "-":
+        click.echo(credential.encode())
+        target = "FILE"
+    else:
+        path = Path(out or f"{credential.name}.credential")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise click.ClickException(f"{path} exists: give another --out (nothing was overwritten)") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(credential.encode() + "\n")
+        click.echo(str(path))
+        target = str(path)
     try:
         address = read_node_file(state_dir)["address"]
-        click.echo(f"join with: goblin volunteer {address} --token {credential}", err=True)
     except FileNotFoundError:
+        address = "ADDRESS"
         click.echo("(no lab node is running from this state directory right now)", err=True)
+    click.echo(f"give {target} to volunteer {credential.name} (keep it private: mode 0600); "
+               f"they join with: goblin volunteer {address} --token {target}", err=True)
 
 
 @main.command()

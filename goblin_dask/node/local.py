@@ -158,8 +158,13 @@ class LabNode:
 
         credential = credential or self.enroll()
         name = Credential.decode(credential).name
+        path = self.state_dir / "credentials" / f"{name}.credential"  # a file, never argv (/proc/PID/cmdline)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential.strip() + "\n")
         self._start_part(name, [
-            "-m", module, self.address, "--token", credential,
+            "-m", module, self.address, "--token", str(path),
             "--nthreads", str(nthreads or self._threads),
             "--memory-limit", str(memory_limit or self._memory_limit),
             "--state-dir", str(self.state_dir / "volunteers" / name),  # its control page's files: gone with the grid
