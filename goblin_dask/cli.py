@@ -40,7 +40,7 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
          state_dir):
     """Run a lab node (scheduler with the goblin plugins, and its lab worker) in the foreground."""
     from goblin_dask.node.process import run_async
-    from goblin_dask.node.scheduler import LabWorkerOptions, serve_node
+    from goblin_dask.node.scheduler import LabWorkerOptions, StateDirInUse, serve_node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
 
@@ -54,8 +54,11 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
         sys.stdout.flush()
 
     options = LabWorkerOptions(lab_threads, lab_memory_limit, lab_worker_port) if lab_worker else None
-    run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready,
-                         lab_worker=options))
+    try:
+        run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready,
+                             lab_worker=options))
+    except StateDirInUse as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command("lab-worker", hidden=True)
@@ -125,11 +128,18 @@ def enroll(name, out, state_dir):
 @_state_dir_option
 def revoke(name, state_dir):
     """Revoke volunteer NAME's credential and disconnect it."""
+    from goblin_dask.credentials import CredentialError, require_lab
+    from goblin_dask.node.admin import NodeUnreachable
     from goblin_dask.node.admin import revoke as revoke_credential
 
-    closed = revoke_credential(state_dir, name)
+    try:
+        require_lab(state_dir)
+        closed = revoke_credential(state_dir, name)
+    except (CredentialError, NodeUnreachable) as e:
+        raise click.ClickException(str(e)) from None
     if closed is None:
-        click.echo(f"revoked {name} (no running node to disconnect it from)")
+        click.echo(f"revoked {name}: no lab node runs from {state_dir}, so none to disconnect it from "
+                   f"(a node started from it refuses {name})")
     else:
         click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
 
