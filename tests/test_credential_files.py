@@ -95,8 +95,16 @@ def test_a_credential_file_others_can_read_is_refused_with_the_fix(lab, tmp_path
     assert missing.returncode == 2 and "cannot read the credential file" in missing.stderr
 
 
-def test_a_credential_in_the_environment_joins(lab, tmp_path):
-    """GOBLIN_TOKEN may hold the credential itself (the environment is its owner's to read)."""
+def test_a_credential_in_the_environment_joins(tmp_path):
+    """GOBLIN_TOKEN may hold the credential itself (the environment is its owner's to read).  A grid of its
+    own: the session's lab reports every volunteer that ever joined it."""
+    from goblin_dask.node.local import LabNode
+
+    with LabNode.local(volunteers=0, dashboard=False) as lab:
+        _joins_from_the_environment(lab)
+
+
+def _joins_from_the_environment(lab):
     credential = lab.enroll("env-cred")
     proc = subprocess.Popen([sys.executable, "-m", "goblin_dask.cli", "volunteer", lab.address,
                              "--status-port", "-1", "--host", "127.0.0.1"],
