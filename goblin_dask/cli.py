@@ -40,7 +40,7 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
          state_dir):
     """Run a lab node (scheduler with the goblin plugins, and its lab worker) in the foreground."""
     from goblin_dask.node.process import run_async
-    from goblin_dask.node.scheduler import LabWorkerOptions, serve_node
+    from goblin_dask.node.scheduler import LabWorkerOptions, StateDirInUse, serve_node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
 
@@ -49,13 +49,16 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
         if info["dashboard_link"]:
             click.echo(f"dashboard: {info['dashboard_link']}")
         click.echo("volunteers join with:")
-        click.echo(f"  goblin enroll --state-dir {state_dir}    # prints a credential")
-        click.echo(f"  goblin volunteer {info['address']} --token CREDENTIAL")
+        click.echo(f"  goblin enroll --state-dir {state_dir}    # writes a credential file, NAME.credential")
+        click.echo(f"  goblin volunteer {info['address']} --token NAME.credential")
         sys.stdout.flush()
 
     options = LabWorkerOptions(lab_threads, lab_memory_limit, lab_worker_port) if lab_worker else None
-    run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready,
-                         lab_worker=options))
+    try:
+        run_async(serve_node(host, port, None if no_dashboard else dashboard_port, state_dir, ready=ready,
+                             lab_worker=options))
+    except StateDirInUse as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command("lab-worker", hidden=True)
@@ -78,19 +81,46 @@ def lab_worker(address, credential, nthreads, memory_limit, host, port):
 
 @main.command()
 @click.option("--name", default=None, help="name to issue the credential for (default: a new one)")
+@click.option("--out", "out", default=None, metavar="FILE",
+              help="where to write the credential (mode 0600; default: ./NAME.credential; -: print it on stdout)")
 @_state_dir_option
-def enroll(name, state_dir):
-    """Print a volunteer credential for the lab node of STATE_DIR."""
-    from goblin_dask.credentials import issue_credential
+def enroll(name, out, state_dir):
+    """Write a volunteer credential file for the lab node of STATE_DIR.
+
+    The volunteer joins with `goblin volunteer ADDRESS --token FILE`: a credential travels as a private file
+    (or in the environment, GOBLIN_TOKEN), never on a command line, where every local user can read it.
+    """
+    import os
+    from pathlib import Path
+
+    from goblin_dask.credentials import CredentialError, issue_credential, require_lab
     from goblin_dask.node.scheduler import read_node_file
 
-    credential = issue_credential(state_dir, "volunteer", name).encode()
-    click.echo(credential)
+    try:
+        require_lab(state_dir)
+        credential = issue_credential(state_dir, "volunteer", name)
+    except (CredentialError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if out == "-":
+        click.echo(credential.encode())
+        target = "FILE"
+    else:
+        path = Path(out or f"{credential.name}.credential")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise click.ClickException(f"{path} exists: give another --out (nothing was overwritten)") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(credential.encode() + "\n")
+        click.echo(str(path))
+        target = str(path)
     try:
         address = read_node_file(state_dir)["address"]
-        click.echo(f"join with: goblin volunteer {address} --token {credential}", err=True)
     except FileNotFoundError:
+        address = "ADDRESS"
         click.echo("(no lab node is running from this state directory right now)", err=True)
+    click.echo(f"give {target} to volunteer {credential.name} (keep it private: mode 0600); "
+               f"they join with: goblin volunteer {address} --token {target}", err=True)
 
 
 @main.command()
@@ -98,11 +128,18 @@ def enroll(name, state_dir):
 @_state_dir_option
 def revoke(name, state_dir):
     """Revoke volunteer NAME's credential and disconnect it."""
+    from goblin_dask.credentials import CredentialError, require_lab
+    from goblin_dask.node.admin import NodeUnreachable
     from goblin_dask.node.admin import revoke as revoke_credential
 
-    closed = revoke_credential(state_dir, name)
+    try:
+        require_lab(state_dir)
+        closed = revoke_credential(state_dir, name)
+    except (CredentialError, NodeUnreachable) as e:
+        raise click.ClickException(str(e)) from None
     if closed is None:
-        click.echo(f"revoked {name} (no running node to disconnect it from)")
+        click.echo(f"revoked {name}: no lab node runs from {state_dir}, so none to disconnect it from "
+                   f"(a node started from it refuses {name})")
     else:
         click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
 

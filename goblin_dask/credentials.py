@@ -100,6 +100,48 @@ def issue_credential(state_dir: str | os.PathLike, role: str, name: str | None =
     return LabCA(state_dir).issue(role, name, token=token)
 
 
+#: The environment variable a volunteer's credential (or the path of its file) may travel in.
+CREDENTIAL_ENV = "GOBLIN_TOKEN"
+
+
+def read_credential_file(path: str | os.PathLike) -> str:
+    """The text of a credential file that only its owner can read.
+
+    A credential holds the holder's TLS key: a file that its group or other users can read is refused
+    (anyone who reads it is that volunteer to the lab, and can get it banned), with the command that
+    fixes it.  Credentials never travel in a command line (``/proc/PID/cmdline`` is readable by every
+    local user): a file, or the environment variable :data:`CREDENTIAL_ENV`.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError as e:
+        raise CredentialError(f"cannot read the credential file {path}: {e.strerror or e}") from None
+    if mode & 0o077:
+        raise CredentialError(f"the credential file {path} can be read by other users of this machine "
+                              f"(mode {mode:04o}): make it private with `chmod 600 {path}`")
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise CredentialError(f"cannot read the credential file {path}: {e.strerror or e}") from None
+
+
+def has_lab(state_dir: str | os.PathLike) -> bool:
+    """Does ``state_dir`` hold a lab (its secret and CA, which ``goblin node`` creates)?"""
+    state_dir = Path(state_dir)
+    return (state_dir / "lab-secret").is_file() and (state_dir / "ca.pem").is_file()
+
+
+def require_lab(state_dir: str | os.PathLike) -> Path:
+    """``state_dir`` if it holds a lab, else a CredentialError saying how to create one (never a new CA:
+    a typo in ``--state-dir`` must not start a second lab whose credentials the real node refuses)."""
+    if not has_lab(state_dir):
+        raise CredentialError(f"{state_dir} holds no lab node (no lab-secret and ca.pem): check --state-dir "
+                              f"(or GOBLIN_STATE_DIR), or create a lab there by starting "
+                              f"`goblin node --state-dir {state_dir}` once")
+    return Path(state_dir)
+
+
 ADMIN_CREDENTIAL = "admin.credential"
 
 

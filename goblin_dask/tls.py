@@ -6,9 +6,9 @@ the scheduler reads (or unpickles) a byte of it.  A certificate names its holder
 role (OU) and name (CN); the scheduler authorizes each request by them.
 
 A :class:`Credential` bundles the CA certificate, the holder's certificate and key,
-and, for workers, the signed admission token.  ``encode()`` gives the single string a
-volunteer passes as ``--token``; ``save(path)`` the file a researcher passes to
-``goblin_dask.connect``.
+and, for workers, the signed admission token.  ``encode()`` gives the single string it
+travels as; ``save(path)`` the private file (0600) a volunteer passes as ``--token FILE`` and a
+researcher to ``goblin_dask.connect``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROLES = ("volunteer", "lab", "researcher", "admin")
-_PREFIX = "goblin1:"
+CREDENTIAL_PREFIX = _PREFIX = "goblin1:"
 
 
 @dataclass(frozen=True)

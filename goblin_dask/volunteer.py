@@ -903,8 +903,9 @@ CONTROL_ACTIONS = ("pause", "resume", "status")
 
 @click.command("volunteer", context_settings={"show_default": True})
 @click.argument("address", metavar="ADDRESS|pause|resume|status")
-@click.option("--token", "token", multiple=True, envvar="GOBLIN_TOKEN",
-              help="credential from `goblin enroll` (the string, or a file holding it); with --gpus, one per GPU")
+@click.option("--token", "token", multiple=True, envvar="GOBLIN_TOKEN", metavar="FILE",
+              help="the credential file from `goblin enroll` (mode 0600; or the credential itself in GOBLIN_TOKEN, "
+                   "never on the command line); with --gpus, one per GPU")
 @click.option("--name", default=None,
               help="the name the credential was issued for (checked); with pause|resume|status: which volunteer")
 @click.option("--nthreads", default=1, type=int, help="threads that compute catalog operations")
@@ -941,8 +942,9 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
     port the network can reach (the link to the lab is outbound; the status page listens on 127.0.0.1 only).
 
     \b
-    goblin volunteer ADDRESS --token CREDENTIAL   join the lab node at ADDRESS and compute
-    goblin volunteer ADDRESS --gpus 0,1 --token C0 --token C1   a worker per GPU, each with its credential
+    goblin volunteer ADDRESS --token FILE         join the lab node at ADDRESS and compute (FILE: from
+                                                  `goblin enroll`, readable by you only)
+    goblin volunteer ADDRESS --gpus 0,1 --token F0 --token F1   a worker per GPU, each with its credential
     goblin volunteer pause|resume [--name NAME]   the running volunteer takes no new tasks / takes them again
     goblin volunteer status [--name NAME]         its status: tasks done, verified work, credit, trust
     """
@@ -1007,11 +1009,23 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
 
 
 def _load_credential(token: str):
-    from goblin_dask.tls import Credential
+    """The credential of ``--token``: a file only its owner can read, or (in ``GOBLIN_TOKEN`` only) the
+    credential itself; never the credential on the command line, where every local user reads it."""
+    from goblin_dask.credentials import CREDENTIAL_ENV, CredentialError, read_credential_file
+    from goblin_dask.tls import CREDENTIAL_PREFIX, Credential
 
+    ctx = click.get_current_context(silent=True)
+    from_env = ctx is not None and ctx.get_parameter_source("token") == click.core.ParameterSource.ENVIRONMENT
     try:
-        return Credential.load(token)
-    except (ValueError, OSError) as e:
+        if token.strip().startswith(CREDENTIAL_PREFIX):
+            if not from_env:
+                raise click.BadParameter(
+                    "the credential itself on the command line can be read by every user of this machine "
+                    "(/proc/PID/cmdline): save it in a file only you can read (chmod 600 FILE) and pass "
+                    f"--token FILE, or put it in the environment variable {CREDENTIAL_ENV}", param_hint="--token")
+            return Credential.decode(token)
+        return Credential.decode(read_credential_file(token))
+    except (ValueError, CredentialError) as e:
         raise click.BadParameter(f"{e} (ask the lab for `goblin enroll`)", param_hint="--token") from None
 
 

@@ -20,6 +20,7 @@ from scheduler_plugins.faults import FaultPlugin
 from scheduler_plugins.minimization import MinimizationPlugin
 from scheduler_plugins.signin import install_signin
 from scheduler_plugins.stream_guard import StreamGuardPlugin
+from scheduler_plugins.researcher_keys import ResearcherKeysPlugin
 from scheduler_plugins.training import TrainingRuns
 from scheduler_plugins.verification import VerificationLedger
 from scheduler_plugins.volunteer_cache import VolunteerCachePlugin
@@ -40,15 +41,17 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
     training = TrainingRuns(scheduler)  # researchers' training rounds, for the lab's page
     cache = VolunteerCachePlugin(scheduler, admission)  # placement prefers volunteers holding a task's inputs
+    researcher_keys = ResearcherKeysPlugin(scheduler)  # after catalog_only (it wraps scatter): each sees its own
     no_replicas(scheduler)
-    for plugin in (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults, training, cache):
+    plugins = (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults, training, cache,
+               researcher_keys)
+    for plugin in plugins:
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)
     if "dashboard" in scheduler.services:  # researcher sign-in pages, on the dashboard port only
         install_dashboard_guard(scheduler, install_signin(scheduler, state_dir))  # the guard: after every route
     admission.authorize_handlers()  # last: it wraps the handlers the others installed
-    return {p.name: p for p in (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults,
-                                training, cache)}
+    return {p.name: p for p in plugins}
 
 
 def no_replicas(scheduler) -> None:

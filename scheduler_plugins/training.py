@@ -28,8 +28,10 @@ from goblin_dask.tls import peer_identity
 
 #: Roles that may post a training round.
 TRAINING_ROLES = frozenset({"researcher", "admin", "lab"})
-#: Runs kept (the least recently updated go first) and rounds kept per run (the oldest go first).
-RUNS_KEPT = 20
+#: Runs kept per owner (its least recently updated go first: one researcher's many runs never push out
+#: another's; owners are the lab's credentials, so the board grows with those) and rounds kept per run
+#: (the oldest go first).
+RUNS_KEPT_PER_OWNER = 20
 ROUNDS_KEPT = 2000
 _RUN_ID = re.compile(r"[0-9a-f]{8,32}")
 _COUNTS = ("tasks", "accepted", "rejected")
@@ -90,8 +92,9 @@ class TrainingRuns(SchedulerPlugin):
         record["rounds"].append(entry)
         del record["rounds"][:-ROUNDS_KEPT]
         self.runs[key] = record
-        while len(self.runs) > RUNS_KEPT:
-            self.runs.popitem(last=False)
+        owned = [k for k in self.runs if k[:-1] == tuple(owner)]  # least recently updated first
+        for stale in owned[:-RUNS_KEPT_PER_OWNER]:
+            del self.runs[stale]
         return {"run": record["id"], "rounds": len(record["rounds"])}
 
     def status(self) -> dict:

@@ -104,9 +104,9 @@ def rogue_node(tmp_path):
         log = tmp_path / "volunteer.log"
         token = issue_credential(state, "volunteer", "victim").encode()
         with open(log, "wb") as f:
-            vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address,
-                                    "--token", token],
-                                   stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address],
+                                   stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**env, "GOBLIN_TOKEN": token})
         procs.append(vol)
         wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")
         address = next(iter(client.scheduler_info()["workers"]))

@@ -107,6 +107,6 @@ def test_certificate_and_token_must_name_the_same_volunteer(lab):
     alice = Credential.decode(lab.enroll("alice2"))
     bob = Credential.decode(lab.enroll("bob2"))
     mixed = Credential(role="volunteer", name="alice2", ca=alice.ca, cert=bob.cert, key=bob.key, token=alice.token)
-    proc = subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", lab.address, "--token", mixed.encode(),
-                           "--host", "127.0.0.1"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    proc = subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", lab.address, "--host", "127.0.0.1"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "GOBLIN_TOKEN": mixed.encode()})
     assert proc.returncode == 2 and "does not match its token" in proc.stderr

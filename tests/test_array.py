@@ -7,6 +7,8 @@ empty dimensions.  ``scheduler="sync"`` keeps these off any default client.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -123,6 +125,23 @@ def test_nan_reductions(name):
     x = ga.from_array(a, chunks=(4, 2))
     for axis in (None, 0, 1):
         close(ev(getattr(np, name)(x, axis=axis)), getattr(np, name)(a, axis=axis))
+
+
+@pytest.mark.parametrize("name", ["nanvar", "nanstd"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+def test_nan_variance_of_rows_holding_inf_is_numpys(name, dtype):
+    """An inf makes the variance NaN in NumPy (inf - inf); the NaN-skipping must skip the NaNs of the data only,
+    and a row with no degrees of freedom left is NaN too (found by an outside suite: inf and 0.0 before)."""
+    a = np.array([[np.inf, 1, 2, 3], [-np.inf, np.inf, 0, 1], [np.nan, np.inf, 1, 2], [1, 2, np.nan, 4],
+                  [np.nan] * 4, [-np.inf, -np.inf, 1, 2], [np.nan, np.nan, np.nan, 5.0]]).astype(dtype)
+    x = ga.from_array(a, chunks=(3, 2))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for axis in (None, 0, 1):
+            for ddof in (0, 1, 2):
+                got, want = ev(getattr(ga, name)(x, axis=axis, ddof=ddof)), getattr(np, name)(a, axis=axis, ddof=ddof)
+                assert got.dtype == want.dtype
+                np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-12, equal_nan=True)
 
 
 def test_reductions_on_nan_inf_ints_and_empty():

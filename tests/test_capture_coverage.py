@@ -9,6 +9,8 @@ functions added for them (``gather``, ``fmod``, ``hardswish``, ``hardsigmoid``, 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -179,3 +181,46 @@ def test_ga_fmod_hardswish_hardsigmoid_tril_triu_one_hot():
     ids = rng.integers(0, 4, (3, 5))
     np.testing.assert_array_equal(ga.one_hot(ga.from_array(ids, chunks=2), 4).compute(),
                                   F.one_hot(torch.from_numpy(ids), 4).numpy())
+
+
+# -- max_pool2d on torch's own OpInfo grid (sample_inputs_max_pool, _TestParamsMaxPool2d) ---------------
+
+def _max_pool2d_grid():
+    """torch's OpInfo parameters for nn.functional.max_pool2d (samples 0 and 2 are the first two here)."""
+    import itertools
+
+    grid = {"kernel_size": [3, (3, 2)], "stride": [2, None, (2, 1)], "ceil_mode": [True, False],
+            "padding": [0, 1, (1, 1)], "dilation": [1, (1, 2)]}
+    for values in itertools.product(*grid.values()):
+        yield dict(zip(grid, values))
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 3, 6), (2, 6, 6), (2, 2, 6, 6)])
+def test_max_pool2d_gives_torchs_numbers_or_is_refused_at_capture(shape):
+    """return_indices=True: torch returns an index tensor of the output's shape; goblin-dask does not
+    compute one, so capture refuses it naming the operator (it used to return a 0-d array).  Without
+    indices, every sample of torch's grid gives torch's numbers and shape."""
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    every = 3 if shape == (1, 2, 3, 6) else 8  # the grid's 72 samples on the first shape take too long: a third
+    for i, kwargs in enumerate(_max_pool2d_grid()):
+        if i % every:
+            continue
+        if i % (2 * every) == 0:
+            with pytest.raises(NotImplementedError, match=r"max_pool2d_with_indices.*result 1 \(the indices"):
+                goblin_dask.capture(Fn(lambda t: F.max_pool2d(t, **kwargs, return_indices=True)),
+                                    (torch.from_numpy(x),))
+        check(lambda t: F.max_pool2d(t, **kwargs, return_indices=False), x)
+
+
+def test_a_saved_graph_reading_a_result_not_computed_is_refused():
+    """The same refusal for a graph interpreted without torch (a saved graph reading the indices)."""
+    from goblin_dask.torch_capture.graph import Graph
+
+    x = data(1, 2, 3, 6)
+    graph = goblin_dask.capture(Fn(lambda t: F.max_pool2d(t, 3, 2)), (torch.from_numpy(x),))
+    doc = json.loads(graph.to_json())
+    reads = [n for n in doc["nodes"] if n["op"] == "_operator.getitem"]
+    assert reads and reads[0]["args"][1] == 0
+    reads[0]["args"][1] = 1  # the indices
+    with pytest.raises(NotImplementedError, match="max_pool2d_with_indices.*not computed"):
+        Graph.from_json(json.dumps(doc), graph.constants)(x)

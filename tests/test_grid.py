@@ -73,7 +73,9 @@ def test_a_volunteer_killed_mid_product_loses_nothing():
 
 
 def _run_volunteer(address, token, *extra, timeout=120):
-    return subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", address, "--token", token, *extra], capture_output=True, text=True, timeout=timeout)
+    # the credential in the environment, never on a command line (tests/test_credential_files.py)
+    return subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", address, *extra], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "GOBLIN_TOKEN": token})
 
 
 def test_forged_and_revoked_credentials_are_refused(lab):
@@ -93,7 +95,8 @@ def test_forged_and_revoked_credentials_are_refused(lab):
 
 
 def _credential_of(lab, name):
-    return next(a for a in lab.processes[name].args if a.startswith("goblin1:"))
+    path = lab.processes[name].args[lab.processes[name].args.index("--token") + 1]
+    return open(path).read().strip()
 
 
 def test_volunteer_that_cannot_reach_the_node_retries_and_says_why(tmp_path):
@@ -147,8 +150,9 @@ def test_cli_node_enroll_volunteer_revoke(tmp_path):
         assert banner[0].startswith("goblin lab node at tls://127.0.0.1:")
         assert "goblin volunteer" in "".join(banner)
         address = read_node_file(state)["address"]
-        token = subprocess.run(goblin + ["enroll", "--name", "alice"], env=env, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        token = subprocess.run(goblin + ["enroll", "--name", "alice", "--out", str(tmp_path / "alice.credential")],
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        assert token == str(tmp_path / "alice.credential")
         volunteer = subprocess.Popen(goblin + ["volunteer", address, "--token", token, "--host", "127.0.0.1"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         with Client(address, timeout=60, security=admin_credential(state).security()) as client:

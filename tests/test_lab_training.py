@@ -15,7 +15,7 @@ from distributed.core import rpc as connect_rpc
 from goblin_dask.node import rpc
 from goblin_dask.tls import LabCA
 from scheduler_plugins.http import lab_status
-from scheduler_plugins.training import ROUNDS_KEPT, RUNS_KEPT
+from scheduler_plugins.training import ROUNDS_KEPT, RUNS_KEPT_PER_OWNER
 from tests.inprocess import run_lab
 
 RUN = "0123456789abcdef"
@@ -79,12 +79,15 @@ def test_a_researcher_posts_rounds_numbers_only_and_each_owner_has_its_own_runs(
 def test_runs_and_rounds_are_bounded(tmp_path):
     async def body(lab):
         board = lab.plugins["goblin-training"]
-        for i in range(RUNS_KEPT + 5):
+        board.add_round(("researcher", "bea"), "0badcafe", 1, 4.0, 0.1, {})  # bea's one run, before ada's flood
+        for i in range(RUNS_KEPT_PER_OWNER + 5):
             board.add_round(("researcher", "ada"), f"{i:08x}", 1, 1.0, 0.1, {})
         for i in range(ROUNDS_KEPT + 10):
             board.add_round(("researcher", "ada"), "ffffffff", i + 1, 1.0 / (i + 1), 0.1, {})
         runs = _runs(lab)
-        assert len(runs) == RUNS_KEPT and len(runs[-1]["history"]) == ROUNDS_KEPT
+        # runs are kept per researcher: ada's flood pushes out her own oldest runs, never bea's
+        assert len(runs) == RUNS_KEPT_PER_OWNER + 1 and len(runs[-1]["history"]) == ROUNDS_KEPT
+        assert [r["loss"] for r in runs].count(4.0) == 1
         assert runs[-1]["history"][0][0] == 11 and runs[-1]["round"] == ROUNDS_KEPT + 10
 
     run_lab(tmp_path, body, volunteers=())

@@ -31,8 +31,9 @@ def _goblin_volunteer(*args: str, env: dict | None = None) -> subprocess.Complet
 
 @pytest.fixture(scope="module")
 def credentials(tmp_path_factory):
-    state = tmp_path_factory.mktemp("lab-state")
-    return [issue_credential(state, "volunteer", f"gpu-volunteer-{i}").encode() for i in range(2)]
+    state = tmp_path_factory.mktemp("lab-state")  # credential files (0600), as `goblin enroll` writes them
+    return [str(issue_credential(state, "volunteer", f"gpu-volunteer-{i}").save(state / f"gpu-{i}.credential"))
+            for i in range(2)]
 
 
 def test_gpus_are_indices_separated_by_commas():

@@ -306,6 +306,11 @@ def _nan_filled(x: Array, fill: Any) -> Array:
     return elementwise("where", elementwise("isnan", x), fill, x) if x.dtype.kind in "fc" else x
 
 
+def _nan_filled_where(x: Array, y: Array, fill: Any) -> Array:
+    """``y`` with ``fill`` where ``x`` is NaN (``y``'s own NaNs stay)."""
+    return elementwise("where", elementwise("isnan", x), fill, y)
+
+
 @implements(np.nansum)
 def nansum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True) -> Array:
     """Sum treating NaN as zero."""
@@ -388,9 +393,12 @@ def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=
     mu = nanmean(x, axis=axis, dtype=dtype, keepdims=True)
     dev = elementwise("subtract", x, mu)
     sq = elementwise("square", elementwise("absolute", dev) if dev.dtype.kind == "c" else dev)
-    total = nansum(sq, axis=axis, keepdims=keepdims)
-    count = astype(_valid_count(x, axis, keepdims), total.dtype)
-    return elementwise("divide", total, elementwise("subtract", count, ddof))
+    # skip the entries that were NaN, and only those: a NaN deviation of an inf (inf - inf, or a mean
+    # that is NaN from +inf and -inf) makes the variance NaN, as in NumPy, never inf or 0
+    total = sum(_nan_filled_where(x, sq, 0), axis=axis, keepdims=keepdims)
+    dof = elementwise("subtract", astype(_valid_count(x, axis, keepdims), total.dtype), ddof)
+    # no degrees of freedom left (all NaN, or ddof >= the count): NaN, as NumPy's nanvar
+    return elementwise("where", elementwise("greater", dof, 0), elementwise("divide", total, dof), np.nan)
 
 
 @implements(np.nanstd)

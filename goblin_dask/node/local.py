@@ -21,7 +21,7 @@ import dask
 from goblin_dask.credentials import issue_credential
 from goblin_dask.node import admin, rpc
 from goblin_dask.node.process import stop_process
-from goblin_dask.node.scheduler import NODE_FILE, read_node_file
+from goblin_dask.node.scheduler import read_node_file
 from goblin_dask.roles import LAB_WORKER_NAME
 
 
@@ -111,11 +111,17 @@ class LabNode:
         args = ["-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0", "--state-dir", str(self.state_dir),
                 "--no-lab-worker"]  # started below, as a part of its own (its log, its process)
         args += ["--dashboard-port", "0"] if dashboard else ["--no-dashboard"]
-        (self.state_dir / NODE_FILE).unlink(missing_ok=True)
         inherited = dask.config.serialize({"goblin": dask.config.get("goblin")})
         proc = self._start_part("scheduler", args, env={"DASK_INTERNAL_INHERIT_CONFIG": inherited})
         deadline = time.monotonic() + timeout
-        while not (self.state_dir / NODE_FILE).exists():
+
+        def started() -> bool:  # its own node file (another node's, or a stale one, is not ours to remove)
+            try:
+                return read_node_file(self.state_dir).get("pid") == proc.pid
+            except (FileNotFoundError, ValueError):
+                return False
+
+        while not started():
             if proc.poll() is not None:
                 raise self._failure("scheduler", f"exited with code {proc.returncode} before it was ready")
             if time.monotonic() > deadline:
@@ -159,8 +165,13 @@ class LabNode:
 
         credential = credential or self.enroll()
         name = Credential.decode(credential).name
+        path = self.state_dir / "credentials" / f"{name}.credential"  # a file, never argv (/proc/PID/cmdline)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential.strip() + "\n")
         self._start_part(name, [
-            "-m", module, self.address, "--token", credential,
+            "-m", module, self.address, "--token", str(path),
             "--nthreads", str(nthreads or self._threads),
             "--memory-limit", str(memory_limit or self._memory_limit),
             "--state-dir", str(self.state_dir / "volunteers" / name),  # its control page's files: gone with the grid

@@ -1,7 +1,10 @@
 """The lab node's scheduler (``goblin node``): a Dask scheduler with the goblin plugins.
 
 While it runs, its state directory holds the node file (:data:`NODE_FILE`: address, dashboard
-link, pid), which the ``goblin`` commands and :class:`~goblin_dask.node.local.LabNode` read.
+link, pid), which the ``goblin`` commands and :class:`~goblin_dask.node.local.LabNode` read, and it
+holds the lock of :data:`LOCK_FILE` (``flock``, released by the kernel when the process ends, however it
+ends): one node per state directory, so a second node can neither start beside it nor, when it exits,
+remove the first's node file (and with it ``goblin revoke``'s way to the node that serves the credentials).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dask
 from goblin_dask.node.process import close_on_signals
 
 NODE_FILE = "node.json"
+LOCK_FILE = "node.lock"
 logger = logging.getLogger("goblin_dask.node")
 
 
@@ -33,6 +37,64 @@ def read_node_file(state_dir: str | os.PathLike) -> dict[str, Any]:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"no lab node is running with state directory {state_dir} ({path} is missing)") from None
+
+
+class StateDirInUse(RuntimeError):
+    """Another lab node runs from this state directory."""
+
+
+def lock_state_dir(state_dir: str | os.PathLike) -> int:
+    """Take the state directory's lock for this process (its fd: keep it open while the node runs).
+
+    StateDirInUse, naming the running node's address and pid, when another process holds it.
+    """
+    import fcntl
+
+    path = Path(state_dir) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = running_node(state_dir) or {}
+        raise StateDirInUse(
+            f"the state directory {state_dir} is in use by the lab node at {holder.get('address') or '(starting)'} "
+            f"(pid {holder.get('pid', '?')}): one node per state directory; stop that one first, or give this "
+            f"one another --state-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+    return fd
+
+
+def running_node(state_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``{"pid", "address"}`` of the node holding the state directory's lock (address None while it starts,
+    or when its node file is gone), or None when no node runs from it."""
+    import fcntl
+
+    path = Path(state_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held: a node runs
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        try:
+            pid = json.loads(os.pread(fd, 256, 0) or b"{}").get("pid")
+        except ValueError:
+            pid = None
+    finally:
+        os.close(fd)
+    try:
+        info = read_node_file(state_dir)
+    except (FileNotFoundError, ValueError):
+        info = {}
+    return {"pid": pid, "address": info.get("address") if info.get("pid") == pid else None}
 
 
 def _write_node_file(state_dir: Path, info: dict[str, Any]) -> None:
@@ -55,8 +117,19 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
 
     ``lab_worker``: also run the trusted lab worker (a child process, restarted if it dies):
     the lab's data, its checks and its lab-only ops run there, so a node without one computes
-    nothing.  None: the caller starts it (``LabNode.local`` does, with its own log).
+    nothing.  None: the caller starts it (``LabNode.local`` does, with its own log).  StateDirInUse
+    when another node runs from ``state_dir``.
     """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = lock_state_dir(state_dir)  # first: a second node on this directory touches nothing of the first's
+    try:
+        await _serve_node(host, port, dashboard_port, state_dir, ready, lab_worker)
+    finally:
+        os.close(lock)
+
+
+async def _serve_node(host, port, dashboard_port, state_dir: Path, ready, lab_worker) -> None:
     from distributed import Scheduler
 
     import scheduler_plugins
@@ -65,8 +138,6 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
     from goblin_dask.tls import LabCA
 
     link.install_lab_side()  # before the scheduler listens: volunteers' bytes are read as data only
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
     node_credential = LabCA(state_dir).issue("lab", "lab-node")
     dashboard = dashboard_port is not None
@@ -91,7 +162,11 @@ async def serve_node(host: str, port: int, dashboard_port: int | None, state_dir
             if supervisor is not None:
                 supervisor.cancel()
                 await asyncio.gather(supervisor, return_exceptions=True)
-            (state_dir / NODE_FILE).unlink(missing_ok=True)
+            try:  # its own node file only (the lock makes it so; a file rewritten by hand stays)
+                if read_node_file(state_dir).get("pid") == os.getpid():
+                    (state_dir / NODE_FILE).unlink(missing_ok=True)
+            except (FileNotFoundError, ValueError):
+                pass
 
 
 async def _supervise_lab_worker(address: str, host: str, state_dir: Path, options: LabWorkerOptions) -> None:

@@ -36,6 +36,41 @@ class Row:
 TABLE: dict[str, Row] = {}
 
 
+class NotComputed:
+    """A result of an operator that its row does not compute (the indices of max_pool2d, the saved statistics
+    of a norm: what torch keeps for backward).  Reading one is refused: a captured operator gives torch's
+    numbers or is refused, never a stand-in of the wrong shape."""
+
+    def __init__(self, target: str, index: int, what: str):
+        self.target, self.index, self.what = target, index, what
+
+    def refusal(self) -> str:
+        return f"its result {self.index} ({self.what}) is not computed by goblin-dask: only its first result is"
+
+    def __repr__(self) -> str:
+        return f"<not computed: {self.target}[{self.index}]>"
+
+
+#: Operators whose rows compute their first result only: target -> what the others are.  Capture refuses a
+#: graph that reads any of the others (:func:`partial_refusal`), naming the operator and its place.
+FIRST_RESULT_ONLY = {
+    "aten.max_pool2d_with_indices.default": "the indices of return_indices=True",
+    "aten.native_layer_norm.default": "the mean and rstd torch saves for backward",
+    "aten._native_batch_norm_legit_no_training.default": "the statistics torch saves for backward",
+}
+
+
+def _not_computed(target: str, n: int) -> tuple:
+    return tuple(NotComputed(target, i, FIRST_RESULT_ONLY[target]) for i in range(1, n))
+
+
+def partial_refusal(target: str, index: Any) -> str | None:
+    """Why reading result ``index`` of ``target`` is refused, or None when its row computes it."""
+    if target in FIRST_RESULT_ONLY and index != 0:
+        return NotComputed(target, index, FIRST_RESULT_ONLY[target]).refusal()
+    return None
+
+
 def row(*targets: str, needs: tuple[str, ...] | str = (), concrete: tuple[int, ...] | str = ()) -> Callable:
     needs = (needs,) if isinstance(needs, str) else tuple(needs)
 
@@ -497,12 +532,13 @@ def _log_softmax(ga, x, dim, half_to_float=False):
 @row("aten.native_layer_norm.default", needs="layer_norm")
 def _layer_norm(ga, x, normalized_shape, weight=None, bias=None, eps=1e-5):
     y = ga.layer_norm(x, tuple(normalized_shape), weight, bias, eps=eps)
-    return y, None, None  # the mean and rstd results are for backward; a forward graph reads [0]
+    return (y, *_not_computed("aten.native_layer_norm.default", 3))  # mean and rstd: for backward
 
 
 @row("aten._native_batch_norm_legit_no_training.default", needs="batch_norm")
 def _batch_norm(ga, x, weight, bias, running_mean, running_var, momentum, eps):
-    return ga.batch_norm(x, running_mean, running_var, weight, bias, eps=eps), None, None
+    return (ga.batch_norm(x, running_mean, running_var, weight, bias, eps=eps),
+            *_not_computed("aten._native_batch_norm_legit_no_training.default", 3))
 
 
 @row("aten.convolution.default", needs="conv2d")
@@ -517,7 +553,7 @@ def _convolution(ga, x, weight, bias, stride, padding, dilation, transposed, out
 def _max_pool2d(ga, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     y = ga.max_pool2d(x, list(kernel_size), stride=list(stride) or None, padding=padding, dilation=dilation,
                       ceil_mode=ceil_mode)
-    return y, None  # the indices are for backward; a forward graph reads [0]
+    return (y, *_not_computed("aten.max_pool2d_with_indices.default", 2))  # the indices: refused when read
 
 
 @row("aten.avg_pool2d.default", needs="avg_pool2d")
@@ -726,7 +762,10 @@ for _name, _fn in {"mul": operator.mul, "add": operator.add, "sub": operator.sub
 
 @row("_operator.getitem")
 def _getitem(ga, x, i):
-    return x[i]
+    r = x[i]
+    if isinstance(r, NotComputed):  # a saved graph read a result its operator's row does not compute
+        raise NotImplementedError(f"{r.target}: {r.refusal()}")
+    return r
 
 
 #: operators that only assert metadata in an exported graph: skipped, as torch skips them at run time

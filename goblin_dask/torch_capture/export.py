@@ -178,6 +178,11 @@ def capture(module: Any, example_inputs: tuple, *, dynamic_batch: bool = True) -
             raise UnsupportedOperator(target, where(node), "no row in goblin_dask.torch_capture.aten.TABLE")
         if lacks:
             raise UnsupportedOperator(target, where(node), f"ga.{', ga.'.join(lacks)} not in goblin_dask.array yet")
+        if target == "_operator.getitem" and isinstance(node.args[0], torch.fx.Node):
+            producer = _target(node.args[0])
+            why = aten.partial_refusal(producer, node.args[1])
+            if why is not None:  # torch's result there has a shape and numbers: never a stand-in for it
+                raise UnsupportedOperator(producer, where(node), why)
         val = node.meta.get("val")
         try:
             a, kw = arg(list(node.args)), {k: arg(v) for k, v in node.kwargs.items()}
