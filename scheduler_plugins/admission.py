@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from goblin_dask.credentials import CredentialError, LabKeys
 from goblin_dask.node import rpc
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
-from goblin_dask.tls import peer_identity
+from goblin_dask.tls import CLIENT_ROLES, peer_identity  # CLIENT_ROLES: goblin_dask.connect checks it too
 
 logger = logging.getLogger("goblin_dask.admission")
 
@@ -38,7 +38,7 @@ logger = logging.getLogger("goblin_dask.admission")
 
 #: The scheduler handlers a volunteer's connection may call.
 VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS,
-                                rpc.VOLUNTEER_STATUS})
+                                rpc.VOLUNTEER_STATUS, rpc.CHECK_CREDENTIAL})
 #: A volunteer's calls to the scheduler's handlers: on average at most this many a second, in bursts of at
 #: most :data:`VOLUNTEER_CALL_BURST` (an honest agent makes a few a second: heartbeats and its status).
 VOLUNTEER_CALLS_PER_SECOND = 50.0
@@ -56,8 +56,6 @@ VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
-#: Roles allowed to open a client session.
-CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 #: The scheduler handlers a researcher's connection may call: what a ``distributed.Client``
 #: needs to compute, gather, scatter (to the lab worker), publish, coordinate (variables,
 #: queues, events, locks, semaphores) and read its own progress, plus the goblin read-only
@@ -76,6 +74,8 @@ RESEARCHER_HANDLERS = frozenset({
     "semaphore_refresh_leases", "semaphore_value", "multi_lock_acquire", "multi_lock_release",
     # goblin: the report (read-only); a Trainer's finished rounds, numbers only (scheduler_plugins.training)
     rpc.REPORT, rpc.TRAINING_ROUND,
+    # goblin doctor: how the node sees this credential, and where volunteers reach the lab worker
+    rpc.CHECK_CREDENTIAL, rpc.LINK_ENDPOINTS,
 })
 
 
@@ -129,6 +129,7 @@ class AdmissionPlugin(SchedulerPlugin):
         scheduler.handlers[rpc.REVOKE] = self.revoke_handler
         scheduler.handlers[rpc.BAN] = self.ban_handler
         scheduler.handlers[rpc.WORKERS] = self.workers_handler
+        scheduler.handlers[rpc.CHECK_CREDENTIAL] = self.check_credential_handler
 
     # -- queries -----------------------------------------------------------------
     def lab_workers(self) -> list[str]:
@@ -190,6 +191,20 @@ class AdmissionPlugin(SchedulerPlugin):
 
     def refuse_set_resources(self, *args, **kwargs):
         raise PermissionError("goblin lab node: worker resources are set by role at admission")
+
+    def check_credential_handler(self, comm, token: str | None = None) -> dict:
+        """``goblin_check_credential``: how this node sees the caller's certificate, and (for a worker's
+        credential) whether its admission token would be accepted now, and why not."""
+        role, name = peer_identity(comm) or (None, None)
+        verdict = None
+        if token is not None:
+            try:
+                identity = self.keys.verify(str(token)[:512])
+                verdict = "ok" if (identity.role, identity.name) == (role, name) else \
+                    "the token names another holder than the certificate"
+            except CredentialError as e:
+                verdict = str(e)
+        return {"role": role, "name": name, "revoked": name in self.keys.revoked(), "token": verdict}
 
     def revoke_handler(self, name: str) -> dict:
         return {"closed": self.revoke(name)}
