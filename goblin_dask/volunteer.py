@@ -57,6 +57,10 @@ BLOCKED_HANDLERS = {
     "benchmark_network": "burns the volunteer's network",
 }
 
+#: Worker plugins every lab node's scheduler sends at registration (distributed installs them by default);
+#: a volunteer skips them like any plugin, but says so without a warning.
+EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
+
 DEFAULT_BACKOFF = (1.0, 30.0)  # first and longest wait between connection attempts
 
 
@@ -219,7 +223,11 @@ def _volunteer_worker_class():
                 self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
 
         async def plugin_add(self, plugin=None, name=None, catch_errors=True):
-            logger.warning("refused worker plugin %r: volunteers install no plugins", name)
+            if name in EXPECTED_WORKER_PLUGINS:  # every lab node sends it: nothing to alarm the volunteer
+                logger.info("skipped worker plugin %r (%s): volunteers install no plugins", name,
+                            EXPECTED_WORKER_PLUGINS[name])
+            else:
+                logger.warning("refused worker plugin %r: volunteers install no plugins", name)
             return {"status": "error", "exception": None, "traceback": None,
                     "exception_text": "volunteers refuse worker plugins", "traceback_text": ""}
 

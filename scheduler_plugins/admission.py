@@ -242,10 +242,15 @@ class AdmissionPlugin(SchedulerPlugin):
 
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
-        """Revoke ``name``'s credential and disconnect it; returns the closed addresses."""
+        """Revoke ``name``'s credential and disconnect it; returns the closed addresses.
+
+        A revocation by the lab's admin is recorded in ``report()["bans"]`` as a ban is (once per name)."""
         self.keys.revoke(name)
         if ban:
             self.banned.add(name)
+        elif not any(b["name"] == name for b in self.bans):
+            self.bans.append({"name": name, "reason": "revoked by the lab's admin", "time": time.time()})
+            logger.warning("revoked volunteer %s", name)
         closed = [a for a, n in self.names.items() if n == name and a in self.scheduler.workers]
         for addr in closed:  # expected: its tasks are not to blame (no KilledWorker for them)
             self.scheduler.loop.add_callback(
@@ -296,6 +301,14 @@ def _role_may_call(role: str | None, op: str) -> bool:
     return False
 
 
+def _refusal(error: PermissionError) -> dict:
+    """The answer to a refused call, as distributed answers a handler's exception (the caller raises it), but
+    without distributed's ERROR traceback in the node's log: a refusal is expected, logged in one line."""
+    from distributed.core import error_message
+
+    return error_message(error, status="uncaught-error")
+
+
 def _authorized(op: str, handler, volunteer_call=None):
     """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``."""
     import inspect
@@ -311,9 +324,14 @@ def _authorized(op: str, handler, volunteer_call=None):
         role = peer[0] if peer else None
         if not allowed(role):
             logger.warning("refused '%s' from %s (%s)", op, comm.peer_address, peer)
-            raise PermissionError(f"goblin lab node: '{op}' is not allowed for {peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}")
+            return _refusal(PermissionError(f"goblin lab node: '{op}' is not allowed for "
+                                            f"{peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}"))
         if role == "volunteer" and volunteer_call is not None:
-            volunteer_call(peer[1], op, msg)
+            try:
+                volunteer_call(peer[1], op, msg)
+            except PermissionError as e:
+                logger.warning("refused '%s' from volunteer %s: %s", op, peer[1], e)
+                return _refusal(e)
         result = handler(comm, **msg) if expects_comm else handler(**msg)
         if inspect.isawaitable(result):
             result = await result

@@ -194,3 +194,37 @@ def test_goblin_node_names_the_port_in_use(tmp_path, which):
     assert proc.returncode == EXIT_PORT_IN_USE, proc.stderr
     assert f"{what} port {port} on 127.0.0.1 is in use" in proc.stderr and f"pick another with {which}" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "node.json").exists()
+
+
+# -- 4. small ones ---------------------------------------------------------------------------------------
+
+
+def test_a_revocation_is_in_the_reports_bans(lab):
+    lab.enroll("revoked-for-report")
+    lab.revoke("revoked-for-report")
+    lab.revoke("revoked-for-report")  # once per name
+    bans = [b for b in lab.report()["bans"] if b["name"] == "revoked-for-report"]
+    assert [b["reason"] for b in bans] == ["revoked by the lab's admin"]
+
+
+def test_expected_refusals_log_no_alarm(lab):
+    """A volunteer skipping distributed's shuffle plugin says so calmly; a researcher's refused call is one
+    warning line on the node, not an ERROR traceback (and the researcher still gets the node's reason)."""
+    for name in lab.volunteer_names():
+        log = (lab.state_dir / "logs" / f"{name}.log").read_text()
+        assert "skipped worker plugin 'shuffle'" in log and "WARNING refused worker plugin" not in log
+    path = _issue_researcher(lab, "refused-call").stdout.strip()
+    scheduler_log = lab.state_dir / "logs" / "scheduler.log"
+    start = scheduler_log.stat().st_size
+    with connect(lab.address, credential=path, timeout=30, set_as_default=False) as client:
+        with pytest.raises(PermissionError, match="'goblin_revoke' is not allowed for researcher refused-call"):
+            client.sync(client.scheduler.goblin_revoke, name="nobody")
+    with open(scheduler_log, "rb") as f:
+        f.seek(start)
+        log = f.read().decode(errors="replace")
+    assert "refused 'goblin_revoke'" in log
+    assert "Exception while handling op" not in log and "goblin node ERROR" not in log and "Traceback" not in log
+
+
+def test_the_package_shows_its_public_names_only():
+    assert dir(goblin_dask) == sorted(goblin_dask.__all__) == ["Graph", "LabNode", "__version__", "capture", "connect"]
