@@ -1,4 +1,4 @@
-"""The ``goblin`` command: node, enroll, revoke, volunteer, demo, researchers."""
+"""The ``goblin`` command: node, enroll, revoke, volunteer, demo, researchers, info, doctor."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from goblin_dask.volunteer import volunteer_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="goblin-dask", prog_name="goblin-dask", message="%(prog)s %(version)s")
 def main() -> None:
     """goblin-dask: verified scientific computing on volunteers' machines."""
 
@@ -39,18 +40,22 @@ def _state_dir_option(f):
 def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_memory_limit, lab_worker_port,
          state_dir):
     """Run a lab node (scheduler with the goblin plugins, and its lab worker) in the foreground."""
+    from goblin_dask.errors import PortInUseError
     from goblin_dask.node.process import run_async
-    from goblin_dask.node.scheduler import LabWorkerOptions, StateDirInUse, serve_node
+    from goblin_dask.node.scheduler import LabWorkerOptions, StateDirInUse, lab_page, serve_node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s goblin node %(levelname)s %(message)s")
 
     def ready(info):
         click.echo(f"goblin lab node at {info['address']}")
         if info["dashboard_link"]:
-            click.echo(f"dashboard: {info['dashboard_link']}")
+            click.echo(f"lab page: {lab_page(info['dashboard_link'])}  (the admin's dashboard: {info['dashboard_link']})")
         click.echo("volunteers join with:")
         click.echo(f"  goblin enroll --state-dir {state_dir}    # writes a credential file, NAME.credential")
         click.echo(f"  goblin volunteer {info['address']} --token NAME.credential")
+        click.echo("researchers connect with:")
+        click.echo(f"  goblin researchers issue NAME --state-dir {state_dir}    # prints a credential file's path")
+        click.echo(f"  goblin_dask.connect({info['address']!r}, credential=PATH)")
         sys.stdout.flush()
 
     options = LabWorkerOptions(lab_threads, lab_memory_limit, lab_worker_port) if lab_worker else None
@@ -59,6 +64,9 @@ def node(host, port, dashboard_port, no_dashboard, lab_worker, lab_threads, lab_
                              lab_worker=options))
     except StateDirInUse as e:
         raise click.ClickException(str(e)) from None
+    except PortInUseError as e:
+        click.echo(f"goblin node: {e}", err=True)
+        sys.exit(e.exit_code)
 
 
 @main.command("lab-worker", hidden=True)
@@ -159,6 +167,51 @@ def demo(n, chunk, volunteers, dtype, json_report):
         click.echo(json.dumps(result, indent=2, default=str))
     if not result["matches_numpy"]:
         sys.exit(1)
+
+
+def _versions() -> dict[str, str]:
+    """goblin-dask's version and its stack's (optional ones only when installed; none is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for dist in ("goblin-dask", "dask", "distributed", "numpy", "numba", "xarray"):
+        out[dist] = version(dist)
+    for dist in ("torch", "cupy-cuda12x", "cupy-cuda11x", "cupy"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+@main.command()
+def info():
+    """Print the versions of goblin-dask and what it runs on, and the effective goblin.* settings."""
+    from goblin_dask.settings import effective_settings
+
+    for name, version in _versions().items():
+        click.echo(f"{name:<14} {version}")
+    click.echo("settings (goblin.yaml defaults, overridden by dask config files and DASK_GOBLIN__* variables):")
+    for key, value in effective_settings().items():
+        click.echo(f"  {key}: {json.dumps(value)}")
+
+
+@main.command()
+@click.argument("address")
+@click.option("--credential", required=True, envvar="GOBLIN_CREDENTIAL",
+              help="the credential file (a researcher's, or a volunteer's from `goblin enroll`)")
+@click.option("--timeout", default=10.0, type=float, help="seconds to wait for each answer")
+def doctor(address, credential, timeout):
+    """Check a setup end to end: the node answers, TLS, the credential's role, the lab worker's port, a task.
+
+    One line per step, what passed or what to fix; the exit code is the failed step's (0: all passed).
+    """
+    from goblin_dask.doctor import diagnose
+
+    for step in diagnose(address, credential, timeout):
+        click.echo(str(step))
+        if not step.ok:
+            sys.exit(step.exit_code)
 
 
 main.add_command(volunteer_command)

@@ -1,4 +1,4 @@
-"""``goblin researchers``: the lab admin's side of researcher access (list, approve, refuse)."""
+"""``goblin researchers``: the lab admin's side of researcher access (issue, list, approve, refuse)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,45 @@ def researchers() -> None:
     """Researcher access requests (filed on the node's /goblin/signin page)."""
 
 
+def connect_hint(state_dir, path) -> str:
+    """How the holder of the credential at ``path`` connects (the running node's address when there is one)."""
+    from goblin_dask.node.scheduler import read_node_file
+
+    try:
+        address = read_node_file(state_dir)["address"]
+    except FileNotFoundError:
+        address = "tls://HOST:PORT"  # the address `goblin node` prints
+    return f"goblin_dask.connect({address!r}, credential={str(path)!r})"
+
+
+@researchers.command()
+@click.argument("name")
+@_state_dir_option
+def issue(name, state_dir):
+    """Issue researcher NAME's credential directly (no e-mail sign-in): prints the file's path.
+
+    The file (mode 0600) is all the researcher needs with the node's address; hand it over privately.
+    """
+    from goblin_dask.access.registry import REGISTRY_DIR
+    from goblin_dask.credentials import valid_name
+    from pathlib import Path
+
+    if not valid_name(name):
+        raise click.BadParameter(f"{name!r}: use letters, digits, '-' and '_' only", param_hint="NAME")
+    directory = Path(state_dir) / REGISTRY_DIR
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{name}.credential"
+    if path.exists():
+        raise click.ClickException(f"{path} exists: researcher {name!r} already has a credential "
+                                   f"(hand over that file, or pick another name)")
+    from goblin_dask.credentials import issue_credential
+
+    issue_credential(state_dir, "researcher", name).save(path)
+    click.echo(str(path))
+    click.echo(f"hand this file to {name}; they connect with:\n"
+               f"  import goblin_dask\n  client = {connect_hint(state_dir, path)}", err=True)
+
+
 @researchers.command("list")
 @click.option("--status", type=click.Choice(["pending", "approved", "refused"]), default=None,
               help="only requests with this status")
@@ -59,7 +98,7 @@ def approve(email, state_dir):
     """Approve EMAIL's request: issue its credential and print the file's path."""
     path = _decide(lambda: _registry(state_dir).approve(email))
     click.echo(str(path))
-    click.echo(f"hand this file to {email}; they connect with goblin_dask.connect(ADDRESS, credential=PATH)", err=True)
+    click.echo(f"hand this file to {email}; they connect with {connect_hint(state_dir, path)}", err=True)
 
 
 @researchers.command()

@@ -29,6 +29,11 @@ class Identity:
     name: str
 
 
+def valid_name(name: str) -> bool:
+    """A credential's name: ASCII letters, digits, '-' and '_' (it goes into tokens, file names and certificates)."""
+    return bool(name) and name.isascii() and name.replace("-", "").replace("_", "").isalnum()
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` (mode 0600) so that a reader in another process sees the old file or the new, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -58,7 +63,7 @@ class LabKeys:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         name = name or f"{role}-{secrets.token_hex(3)}"
-        if not name.replace("-", "").replace("_", "").isalnum() or "." in name:
+        if not valid_name(name):
             raise ValueError(f"credential name {name!r}: use letters, digits, '-' and '_' only")
         if name in self.revoked():
             raise CredentialError(f"name {name!r} was revoked on this lab node")

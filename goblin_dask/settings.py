@@ -38,3 +38,18 @@ def get(key: str) -> Any:
     keep their defaults.
     """
     return dask.config.get(key, default=default(key))
+
+
+#: Keys whose value ``goblin info`` never prints (it may be pasted into an issue).
+SECRET_KEYS = frozenset({"goblin.smtp.password"})
+
+
+def effective_settings() -> dict[str, Any]:
+    """Every ``goblin.*`` key with its value as this process sees it (secrets masked), in goblin.yaml's order."""
+
+    def leaves(d: dict, prefix: str) -> list[str]:
+        return [k for name, v in d.items() for k in (leaves(v, f"{prefix}{name}.") if isinstance(v, dict)
+                                                       else [prefix + name])]
+
+    return {key: ("***" if key in SECRET_KEYS and get(key) is not None else get(key))
+            for key in leaves(defaults["goblin"], "goblin.")}

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROLES = ("volunteer", "lab", "researcher", "admin")
+#: The roles whose certificate may open a client session (``register-client``) on a lab node.
+CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 CREDENTIAL_PREFIX = _PREFIX = "goblin1:"
 
 
@@ -47,6 +49,18 @@ class Credential:
             tls_scheduler_cert=self.cert,
             tls_scheduler_key=self.key,
         )
+
+    def certificate_role(self) -> str | None:
+        """The role the certificate itself names (what the lab node goes by), not the ``role`` field beside it."""
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+
+        try:
+            subject = x509.load_pem_x509_certificate(self.cert.encode()).subject
+        except ValueError:
+            return None
+        ous = subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+        return str(ous[0].value) if ous else None
 
     def encode(self) -> str:
         raw = json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -77,7 +91,15 @@ class Credential:
         """From an encoded string, or from a file holding one."""
         text = str(source)
         if not text.startswith(_PREFIX):
-            text = Path(source).read_text()
+            try:
+                text = Path(source).read_text()
+            except (FileNotFoundError, IsADirectoryError, OSError) as e:
+                if isinstance(e, FileNotFoundError) and ("/" in text or text.endswith(".credential")):
+                    raise FileNotFoundError(f"credential file {text} does not exist") from None
+                if isinstance(e, FileNotFoundError) or len(text) > 255:
+                    raise ValueError(f"{text[:20]!r}...: neither a goblin credential (a string starting with "
+                                     f"{_PREFIX!r}) nor a file holding one") from None
+                raise
         return cls.decode(text)
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 import click
 import dask
 
+from goblin_dask.errors import EXIT_GAVE_UP, EXIT_REFUSED, FatalConnectError, fatal_connect_error
+
 logger = logging.getLogger("goblin_dask.volunteer")
 
 #: Worker RPC handlers a volunteer refuses, and why (listed in README.md).
@@ -54,6 +56,10 @@ BLOCKED_HANDLERS = {
     "benchmark_memory": "burns the volunteer's memory",
     "benchmark_network": "burns the volunteer's network",
 }
+
+#: Worker plugins every lab node's scheduler sends at registration (distributed installs them by default);
+#: a volunteer skips them like any plugin, but says so without a warning.
+EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
 
 DEFAULT_BACKOFF = (1.0, 30.0)  # first and longest wait between connection attempts
 
@@ -217,7 +223,11 @@ def _volunteer_worker_class():
                 self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
 
         async def plugin_add(self, plugin=None, name=None, catch_errors=True):
-            logger.warning("refused worker plugin %r: volunteers install no plugins", name)
+            if name in EXPECTED_WORKER_PLUGINS:  # every lab node sends it: nothing to alarm the volunteer
+                logger.info("skipped worker plugin %r (%s): volunteers install no plugins", name,
+                            EXPECTED_WORKER_PLUGINS[name])
+            else:
+                logger.warning("refused worker plugin %r: volunteers install no plugins", name)
             return {"status": "error", "exception": None, "traceback": None,
                     "exception_text": "volunteers refuse worker plugins", "traceback_text": ""}
 
@@ -862,6 +872,9 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
     wait, attempts = backoff[0], 0
     while True:
         why = await _reachable(address, connection_args, timeout=max(wait, 3.0))
+        fatal = fatal_connect_error(address, why) if why is not None else None
+        if fatal is not None:  # retrying cannot help (wrong scheme, another lab's credential)
+            raise fatal
         if why is None:
             attempts = 0
             wait = backoff[0]
@@ -878,6 +891,9 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
             except (ValueError, RuntimeError) as e:
                 cause = e.__cause__ if isinstance(e, RuntimeError) else e
                 await worker.close()
+                fatal = fatal_connect_error(address, cause)
+                if fatal is not None:
+                    raise fatal from None
                 if isinstance(cause, ValueError) and "refused" in str(cause):
                     raise RefusedByNode(str(cause).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
                 raise
@@ -956,6 +972,10 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
     if not token:
         raise click.BadParameter("a credential is needed to join a lab node (ask the lab for `goblin enroll`)",
                                  param_hint="--token")
+    wrong_scheme = fatal_connect_error(address, "")  # before anything starts: no attempt can succeed
+    if wrong_scheme is not None:
+        click.echo(f"goblin volunteer: {wrong_scheme}", err=True)
+        sys.exit(wrong_scheme.exit_code)
     gpu_list = parse_gpus(gpus)
     check_gpu_memory_fraction(gpu_memory_fraction)
     if gpu_list is not None:
@@ -997,10 +1017,13 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
                                   idle_threshold=idle_threshold if only_when_idle else None))
     except RefusedByNode as e:
         click.echo(f"goblin volunteer: the lab node refused this volunteer: {e}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
+    except FatalConnectError as e:
+        click.echo(f"goblin volunteer: {e}", err=True)
+        sys.exit(e.exit_code)
     except ConnectionError as e:
         click.echo(f"goblin volunteer: {e}", err=True)
-        sys.exit(3)
+        sys.exit(EXIT_GAVE_UP)
     except KeyboardInterrupt:
         pass
     finally:

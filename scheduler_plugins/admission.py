@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from goblin_dask.credentials import CredentialError, LabKeys
 from goblin_dask.node import rpc
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
-from goblin_dask.tls import peer_identity
+from goblin_dask.tls import CLIENT_ROLES, peer_identity  # CLIENT_ROLES: goblin_dask.connect checks it too
 
 logger = logging.getLogger("goblin_dask.admission")
 
@@ -38,7 +38,7 @@ logger = logging.getLogger("goblin_dask.admission")
 
 #: The scheduler handlers a volunteer's connection may call.
 VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS,
-                                rpc.VOLUNTEER_STATUS})
+                                rpc.VOLUNTEER_STATUS, rpc.CHECK_CREDENTIAL})
 #: A volunteer's calls to the scheduler's handlers: on average at most this many a second, in bursts of at
 #: most :data:`VOLUNTEER_CALL_BURST` (an honest agent makes a few a second: heartbeats and its status).
 VOLUNTEER_CALLS_PER_SECOND = 50.0
@@ -56,8 +56,6 @@ VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
-#: Roles allowed to open a client session.
-CLIENT_ROLES = frozenset({"researcher", "admin", "lab"})
 #: The scheduler handlers a researcher's connection may call: what a ``distributed.Client``
 #: needs to compute, gather, scatter (to the lab worker), publish, coordinate (variables,
 #: queues, events, locks, semaphores) and read its own progress, plus the goblin read-only
@@ -76,6 +74,8 @@ RESEARCHER_HANDLERS = frozenset({
     "semaphore_refresh_leases", "semaphore_value", "multi_lock_acquire", "multi_lock_release",
     # goblin: the report (read-only); a Trainer's finished rounds, numbers only (scheduler_plugins.training)
     rpc.REPORT, rpc.TRAINING_ROUND,
+    # goblin doctor: how the node sees this credential, and where volunteers reach the lab worker
+    rpc.CHECK_CREDENTIAL, rpc.LINK_ENDPOINTS,
 })
 
 
@@ -129,6 +129,7 @@ class AdmissionPlugin(SchedulerPlugin):
         scheduler.handlers[rpc.REVOKE] = self.revoke_handler
         scheduler.handlers[rpc.BAN] = self.ban_handler
         scheduler.handlers[rpc.WORKERS] = self.workers_handler
+        scheduler.handlers[rpc.CHECK_CREDENTIAL] = self.check_credential_handler
 
     # -- queries -----------------------------------------------------------------
     def lab_workers(self) -> list[str]:
@@ -191,6 +192,20 @@ class AdmissionPlugin(SchedulerPlugin):
     def refuse_set_resources(self, *args, **kwargs):
         raise PermissionError("goblin lab node: worker resources are set by role at admission")
 
+    def check_credential_handler(self, comm, token: str | None = None) -> dict:
+        """``goblin_check_credential``: how this node sees the caller's certificate, and (for a worker's
+        credential) whether its admission token would be accepted now, and why not."""
+        role, name = peer_identity(comm) or (None, None)
+        verdict = None
+        if token is not None:
+            try:
+                identity = self.keys.verify(str(token)[:512])
+                verdict = "ok" if (identity.role, identity.name) == (role, name) else \
+                    "the token names another holder than the certificate"
+            except CredentialError as e:
+                verdict = str(e)
+        return {"role": role, "name": name, "revoked": name in self.keys.revoked(), "token": verdict}
+
     def revoke_handler(self, name: str) -> dict:
         return {"closed": self.revoke(name)}
 
@@ -227,10 +242,15 @@ class AdmissionPlugin(SchedulerPlugin):
 
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
-        """Revoke ``name``'s credential and disconnect it; returns the closed addresses."""
+        """Revoke ``name``'s credential and disconnect it; returns the closed addresses.
+
+        A revocation by the lab's admin is recorded in ``report()["bans"]`` as a ban is (once per name)."""
         self.keys.revoke(name)
         if ban:
             self.banned.add(name)
+        elif not any(b["name"] == name for b in self.bans):
+            self.bans.append({"name": name, "reason": "revoked by the lab's admin", "time": time.time()})
+            logger.warning("revoked volunteer %s", name)
         closed = [a for a, n in self.names.items() if n == name and a in self.scheduler.workers]
         for addr in closed:  # expected: its tasks are not to blame (no KilledWorker for them)
             self.scheduler.loop.add_callback(
@@ -281,6 +301,14 @@ def _role_may_call(role: str | None, op: str) -> bool:
     return False
 
 
+def _refusal(error: PermissionError) -> dict:
+    """The answer to a refused call, as distributed answers a handler's exception (the caller raises it), but
+    without distributed's ERROR traceback in the node's log: a refusal is expected, logged in one line."""
+    from distributed.core import error_message
+
+    return error_message(error, status="uncaught-error")
+
+
 def _authorized(op: str, handler, volunteer_call=None):
     """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``."""
     import inspect
@@ -296,9 +324,14 @@ def _authorized(op: str, handler, volunteer_call=None):
         role = peer[0] if peer else None
         if not allowed(role):
             logger.warning("refused '%s' from %s (%s)", op, comm.peer_address, peer)
-            raise PermissionError(f"goblin lab node: '{op}' is not allowed for {peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}")
+            return _refusal(PermissionError(f"goblin lab node: '{op}' is not allowed for "
+                                            f"{peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}"))
         if role == "volunteer" and volunteer_call is not None:
-            volunteer_call(peer[1], op, msg)
+            try:
+                volunteer_call(peer[1], op, msg)
+            except PermissionError as e:
+                logger.warning("refused '%s' from volunteer %s: %s", op, peer[1], e)
+                return _refusal(e)
         result = handler(comm, **msg) if expects_comm else handler(**msg)
         if inspect.isawaitable(result):
             result = await result

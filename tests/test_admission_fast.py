@@ -252,7 +252,8 @@ def test_the_admin_revokes_and_bans_by_handler_and_the_report_says_why(tmp_path)
             assert list(banned["closed"]) == [bob]
             await lab.wait_for(lambda: lab.connected() == {"lab-worker"})
             report = await getattr(admin.scheduler, rpc.REPORT)()
-        assert [(b["name"], b["reason"]) for b in report["bans"]] == [("bob", "answered a fetch with garbage")]
+        assert [(b["name"], b["reason"]) for b in report["bans"]] == [("alice", "revoked by the lab's admin"),
+                                                                      ("bob", "answered a fetch with garbage")]
         assert "alice" not in lab.admission.banned  # revoked, not banned: it may be enrolled under another name
         assert LabKeys(lab.state_dir).revoked() == {"alice", "bob"}
         async with _as(lab, "lab", "lab-worker") as r:  # the lab's own processes ban too, with a default reason

@@ -331,6 +331,7 @@ def test_row_that_refuses_its_arguments_fails_at_capture():
         goblin_dask.capture(Volume(), (torch.randn(2, 1, 4, 4, 4),))
     msg = str(e.value)
     assert "aten.convolution.default" in msg and "only 2-d" in msg and "'conv' (Conv3d)" in msg
+    assert "what to do: run that part of the model in torch on your machine" in msg
 
 
 def test_static_fallback_and_input_checks():

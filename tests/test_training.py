@@ -511,11 +511,22 @@ def test_fit_progress_is_one_line_redrawn_with_a_bar(capsys):
     from goblin_dask.training.trainer import _progress_line
 
     entry = {"round": 3, "loss": 1.25, "seconds": 0.5, "verification": {"accepted": 7, "rejected": 1}}
-    _progress_line(entry, 3, 4, width=8)
-    _progress_line(entry, 5, None)
+    _progress_line(entry, 3, 4, width=8, tty=True)
+    _progress_line(entry, 5, None, tty=True)
     err = capsys.readouterr().err
     assert err.startswith("\r[######  ] 3/4 round 3: loss 1.25000, 0.50 s, 7 checked results, 1 rejected")
     assert "\r5 rounds round 3" in err and "\n" not in err
+
+
+def test_fit_progress_off_a_terminal_is_one_line_per_round(capsys):
+    from goblin_dask.training.trainer import _progress_line
+
+    entry = {"round": 3, "loss": 1.25, "seconds": 0.5, "verification": {"accepted": 7, "rejected": 1}}
+    _progress_line(entry, 3, 4, width=8)  # capsys's stderr is no terminal: a log file's lines
+    _progress_line(entry, 4, 4, width=8)
+    assert capsys.readouterr().err.splitlines() == [
+        "[######  ] 3/4 round 3: loss 1.25000, 0.50 s, 7 checked results, 1 rejected",
+        "[########] 4/4 round 3: loss 1.25000, 0.50 s, 7 checked results, 1 rejected"]
 
 
 def train_mlp_beside(cheat: str, *, seed: int, rounds: int, batch_seed: int, optimizer):

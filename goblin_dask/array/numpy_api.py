@@ -69,9 +69,15 @@ def array_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> An
     spec = ufunc_op(ufunc)
     if spec is None or extra:
         raise TypeError(f"numpy.{ufunc.__name__}{' with ' + str(sorted(extra)) if extra else ''} is not a goblin catalog "
-                        f"operation; the grid computes catalog operations only")
+                        f"operation; the grid computes catalog operations only: "
+                        f"{OUTSIDE_THE_CATALOG.format(call=f'numpy.{ufunc.__name__}')}")
     out = elementwise(spec.name, *inputs)
     return out if dtype is None else astype(out, dtype)
+
+
+#: What to do about an operation outside the catalog (every refusal of one says it).
+OUTSIDE_THE_CATALOG = ("compute the operand first and call {call} on the numpy result (x.compute(), on your machine), "
+                       "or use the catalog's operations (goblin_dask.ops.catalog() lists them)")
 
 
 def array_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
@@ -83,7 +89,8 @@ def array_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
             return fused
     impl = HANDLED.get(func)
     if impl is None:
-        raise TypeError(f"numpy.{func.__name__} is not supported on ga.Array: it is not a goblin catalog operation")
+        raise TypeError(f"numpy.{func.__name__} is not supported on ga.Array: it is not a goblin catalog operation; "
+                        f"{OUTSIDE_THE_CATALOG.format(call=f'numpy.{func.__name__}')}")
     if not _ok_types(types):
         return NotImplemented
     return impl(*args, **kwargs)

@@ -243,12 +243,38 @@ class LabNode:
 def connect(address: str, credential: str | os.PathLike | None = None, **kwargs: Any):
     """A ``distributed.Client`` for a researcher to a running lab node.
 
-    ``credential``: the file (or string) that ``goblin researchers approve`` issued.
+    ``credential``: the file (or string) that ``goblin researchers issue NAME`` or ``goblin researchers approve``
+    issued.  What cannot succeed by retrying (a ``tcp://`` address, a volunteer's credential, another lab's, a
+    revoked one) raises :class:`goblin_dask.errors.FatalConnectError` at once, saying what to do.
     """
     from distributed import Client
 
-    from goblin_dask.tls import Credential
+    from goblin_dask.errors import EXIT_WRONG_ROLE, FatalConnectError, fatal_connect_error, wrong_role_message
+    from goblin_dask.tls import CLIENT_ROLES, Credential
 
     if credential is None:
-        raise ValueError("connect: a lab node only accepts researchers with a credential (credential=PATH)")
-    return Client(address, security=Credential.load(credential).security(), **kwargs)
+        raise ValueError("connect: a lab node only accepts researchers with a credential (credential=PATH); "
+                         "the lab's admin issues one with `goblin researchers issue NAME`")
+    fatal = fatal_connect_error(address, "")  # the scheme alone
+    if fatal is not None:
+        raise fatal
+    cred = Credential.load(credential)
+    role = cred.certificate_role()
+    if role not in CLIENT_ROLES:
+        raise FatalConnectError(wrong_role_message(role, address), EXIT_WRONG_ROLE)
+    try:
+        return Client(address, security=cred.security(), **kwargs)
+    except (OSError, TimeoutError) as e:
+        fatal = fatal_connect_error(address, _causes(e))
+        if fatal is not None:
+            raise fatal from None
+        raise
+
+
+def _causes(e: BaseException) -> str:
+    """The messages of ``e`` and its causes (distributed wraps the comm's error in a timeout)."""
+    parts = []
+    while e is not None and len(parts) < 8:
+        parts.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)

@@ -22,6 +22,8 @@ POLICY = "goblin_policy"
 LINK_ENDPOINTS = "goblin_link_endpoints"
 #: A volunteer asks for its own record (credit, accepted, rejected, trust): ``goblin volunteer``'s status line.
 VOLUNTEER_STATUS = "goblin_volunteer_status"
+#: Any credential asks how the node sees it: its role, name, and whether it is revoked (``goblin doctor``).
+CHECK_CREDENTIAL = "goblin_check_credential"
 #: The lab worker reports a volunteer it refused on the comm layer (:mod:`goblin_dask.link`).
 REFUSE_VOLUNTEER = "goblin_refuse_volunteer"
 #: A researcher's Trainer reports a finished round (numbers only) for the lab's page

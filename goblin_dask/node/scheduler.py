@@ -135,8 +135,12 @@ async def _serve_node(host, port, dashboard_port, state_dir: Path, ready, lab_wo
     import scheduler_plugins
     from goblin_dask import link
     from goblin_dask.credentials import admin_credential
+    from goblin_dask.errors import PortInUseError, check_port_free
     from goblin_dask.tls import LabCA
 
+    check_port_free(host, port, "the scheduler", "--port")  # before anything starts, named
+    if dashboard_port is not None:
+        check_port_free(host, dashboard_port, "the dashboard", "--dashboard-port")
     link.install_lab_side()  # before the scheduler listens: volunteers' bytes are read as data only
     admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
     node_credential = LabCA(state_dir).issue("lab", "lab-node")
@@ -148,6 +152,11 @@ async def _serve_node(host, port, dashboard_port, state_dir: Path, ready, lab_wo
     plugins = scheduler_plugins.install(scheduler, state_dir)
     link.install_scheduler_side(scheduler, plugins["goblin-admission"])
     async with scheduler:
+        if dashboard and dashboard_port and scheduler.http_server.port != dashboard_port:
+            # distributed moves a taken dashboard port to a random one; the lab page's address would move
+            await scheduler.close()
+            raise PortInUseError(f"the dashboard port {dashboard_port} on {host} was taken while the node started: "
+                                 f"stop what holds it or pick another with --dashboard-port")
         close_on_signals(scheduler)
         info = {"address": scheduler.address, "dashboard_link": _dashboard_link(scheduler, host), "pid": os.getpid()}
         _write_node_file(state_dir, info)
@@ -210,3 +219,8 @@ def _dashboard_link(scheduler, host: str) -> str | None:
     port = scheduler.services.get("dashboard") and scheduler.http_server.port
     scheme = "https" if dask.config.get("distributed.scheduler.dashboard.tls.cert", None) else "http"
     return f"{scheme}://{host}:{port}/status" if port else None
+
+
+def lab_page(dashboard_link: str | None) -> str | None:
+    """The lab's page (``/goblin/``, everyone's) on the dashboard of ``dashboard_link`` (``/status``: the admin's)."""
+    return dashboard_link.rsplit("/status", 1)[0] + "/goblin/" if dashboard_link else None

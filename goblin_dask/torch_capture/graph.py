@@ -35,6 +35,8 @@ class UnsupportedOperator(NotImplementedError):
             msg += f" ({why})"
         if where:
             msg += f"\n  {where}"
+        msg += ("\n  what to do: run that part of the model in torch on your machine and capture the rest, or "
+                "express it with operators the catalog maps (goblin_dask.ops.catalog() lists its operations)")
         super().__init__(msg)
 
 

@@ -422,7 +422,7 @@ class Trainer:
             self.step(x, y)
             if progress:
                 _progress_line(self.history[-1], done, total)
-        if progress:
+        if progress and sys.stderr.isatty():  # end the redrawn line
             print(file=sys.stderr, flush=True)
         return self.history
 
@@ -504,10 +504,16 @@ def _post_round(trainer: Any) -> None:
         pass
 
 
-def _progress_line(entry: dict, done: int, total: int | None, width: int = 24) -> None:
-    """One line, redrawn in place after each round: a bar (when the number of batches is known), the
-    round's loss, seconds and verification."""
+def _progress_line(entry: dict, done: int, total: int | None, width: int = 24, tty: bool | None = None) -> None:
+    """A bar (when the number of batches is known), the round's loss, seconds and verification: on a terminal
+    one line redrawn in place after each round, elsewhere (a log file, a pipe) one line per round.
+
+    ``tty``: whether stderr is a terminal (None: ask it)."""
     v, loss, seconds = entry["verification"] or {}, entry["loss"], entry["seconds"]
     bar = f"[{'#' * (width * done // total):<{width}}] {done}/{total} " if total else f"{done} rounds "
-    print(f"\r{bar}round {entry['round']}: loss {loss:.5f}, {seconds:.2f} s, {v.get('accepted', 0)} checked results, "
-          f"{v.get('rejected', 0)} rejected", end="", file=sys.stderr, flush=True)
+    line = (f"{bar}round {entry['round']}: loss {loss:.5f}, {seconds:.2f} s, {v.get('accepted', 0)} checked results, "
+            f"{v.get('rejected', 0)} rejected")
+    if sys.stderr.isatty() if tty is None else tty:
+        print(f"\r{line}", end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)

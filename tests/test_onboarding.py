@@ -1,0 +1,244 @@
+"""Getting going (issue 31): a researcher's credential without e-mail, `goblin --version/info/doctor`, and
+errors that say what to do, fatal ones ending the command at once with their own exit code.
+
+Real processes throughout: the session's lab node (`goblin node`, its lab worker, two volunteer agents),
+volunteer agents started as `goblin volunteer` is, and `goblin node` itself for its ports.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import goblin_dask
+import goblin_dask.array as ga
+from goblin_dask import connect
+from goblin_dask.cli import main as goblin
+from goblin_dask.errors import (EXIT_OTHER_LAB, EXIT_PORT_IN_USE, EXIT_REVOKED, EXIT_WRONG_ROLE, EXIT_WRONG_SCHEME,
+                                FatalConnectError)
+from goblin_dask.tls import Credential, LabCA
+
+
+def _tcp(address: str) -> str:
+    return address.replace("tls://", "tcp://")
+
+
+def _issue_researcher(lab, name: str):
+    result = CliRunner().invoke(goblin, ["researchers", "issue", name, "--state-dir", str(lab.state_dir)])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _other_lab(tmp_path, role: str, name: str) -> Credential:
+    return LabCA(tmp_path / "another-lab").issue(role, name)
+
+
+# -- 1. a researcher's way in without e-mail -------------------------------------------------------------
+
+
+def test_researchers_issue_writes_a_credential_that_computes_a_verified_product(lab):
+    result = _issue_researcher(lab, "ada-issued")
+    path = result.stdout.strip()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert f"goblin_dask.connect({lab.address!r}, credential={path!r})" in result.stderr  # the line to paste
+    credential = Credential.load(path)
+    assert (credential.role, credential.certificate_role(), credential.name) == ("researcher", "researcher", "ada-issued")
+
+    rng = np.random.default_rng(31)
+    a, b = rng.standard_normal((512, 384)), rng.standard_normal((384, 256))
+    before = lab.report()["accepted"]
+    with connect(lab.address, credential=path, timeout=30, set_as_default=False) as client:
+        got = (ga.from_array(a, chunks=128) @ ga.from_array(b, chunks=128)).compute(scheduler=client.get)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    assert lab.report()["accepted"] > before  # volunteers computed blocks of it and the lab accepted them
+
+    again = CliRunner().invoke(goblin, ["researchers", "issue", "ada-issued", "--state-dir", str(lab.state_dir)])
+    assert again.exit_code == 1 and "already has a credential" in again.output
+    bad = CliRunner().invoke(goblin, ["researchers", "issue", "ada/../x", "--state-dir", str(lab.state_dir)])
+    assert bad.exit_code == 2 and "letters, digits" in bad.output
+
+
+# -- 2. version, info ------------------------------------------------------------------------------------
+
+
+def test_version_and_info_print_the_stack_and_the_effective_settings():
+    version = CliRunner().invoke(goblin, ["--version"])
+    assert version.exit_code == 0 and version.output.strip() == f"goblin-dask {goblin_dask.__version__}"
+    env = {**os.environ, "DASK_GOBLIN__LINK__STANDBY": "5", "DASK_GOBLIN__SMTP__PASSWORD": "hunter2"}
+    out = subprocess.run([sys.executable, "-m", "goblin_dask.cli", "info"], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    lines = dict(line.split(None, 1) for line in out.splitlines() if line and not line.startswith(("settings", " ")))
+    import distributed
+    import numba
+
+    assert lines["goblin-dask"] == goblin_dask.__version__ and lines["dask"] == dask.__version__
+    assert lines["distributed"] == distributed.__version__ and lines["numpy"] == np.__version__
+    assert lines["numba"] == numba.__version__
+    assert "  goblin.link.standby: 5" in out.splitlines()  # the effective value, not goblin.yaml's 2
+    assert "  goblin.smtp.password: \"***\"" in out.splitlines() and "hunter2" not in out
+
+
+# -- 2. doctor -------------------------------------------------------------------------------------------
+
+
+def _doctor(address, credential_path):
+    return CliRunner().invoke(goblin, ["doctor", address, "--credential", str(credential_path), "--timeout", "30"])
+
+
+def test_doctor_passes_against_a_healthy_node(lab, tmp_path):
+    path = _issue_researcher(lab, "doctor-ok").stdout.strip()
+    result = _doctor(lab.address, path)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["ok   credential", "ok   TLS", "ok   role", "ok   lab worker",
+                                                       "ok   task"], result.output
+    assert "researcher 'doctor-ok'" in lines[2] and "matches numpy" in lines[4]
+    assert "volunteer result(s) verified, 0 rejected" in lines[4], lines[4]  # the session grid has volunteers
+    volunteer = Credential.decode(lab.enroll("doctor-volunteer")).save(tmp_path / "v.credential")
+    result = _doctor(lab.address, volunteer)
+    assert result.exit_code == 0 and "the node sees volunteer 'doctor-volunteer'" in result.output, result.output
+
+
+def test_doctor_names_each_broken_setup(lab, tmp_path):
+    path = _issue_researcher(lab, "doctor-broken").stdout.strip()
+    wrong_scheme = _doctor(_tcp(lab.address), path)
+    assert wrong_scheme.exit_code == EXIT_WRONG_SCHEME
+    assert f"FAIL address: {_tcp(lab.address)}: this lab node speaks TLS: use {lab.address}" in wrong_scheme.output
+
+    other = _doctor(lab.address, _other_lab(tmp_path, "researcher", "mallory").save(tmp_path / "other.credential"))
+    assert other.exit_code == EXIT_OTHER_LAB and "FAIL TLS" in other.output
+    assert "issued by another lab node" in other.output
+
+    revoked = Credential.decode(lab.enroll("doctor-revoked")).save(tmp_path / "revoked.credential")
+    lab.revoke("doctor-revoked")
+    result = _doctor(lab.address, revoked)
+    assert result.exit_code == EXIT_REVOKED, result.output
+    assert "FAIL role" in result.output and "revoked" in result.output and "ask the lab's admin" in result.output
+
+    garbage = _doctor(lab.address, "not-a-credential")
+    assert garbage.exit_code != 0 and "neither a goblin credential" in garbage.output
+
+
+# -- 3. fatal errors end the command at once, with their own exit code ------------------------------------
+
+
+def _volunteer(address, token, *extra):
+    """`goblin volunteer` as a volunteer runs it, with no --max-attempts: a fatal error must end it by itself."""
+    return subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", address, "--token", token,
+                           "--status-port", "-1", *extra], capture_output=True, text=True, timeout=600)
+
+
+def test_a_volunteer_with_a_tcp_address_is_told_to_use_tls(lab):
+    proc = _volunteer(_tcp(lab.address), lab.enroll("scheme-volunteer"))
+    assert proc.returncode == EXIT_WRONG_SCHEME, proc.stderr
+    assert f"this lab node speaks TLS: use {lab.address}" in proc.stderr and "retrying" not in proc.stderr
+
+
+def test_a_volunteer_with_another_labs_credential_stops_at_once(lab, tmp_path):
+    stranger = LabCA(tmp_path / "another-lab").issue("volunteer", "stranger", token="gv1.volunteer.stranger.0.0")
+    proc = _volunteer(lab.address, stranger.encode())
+    assert proc.returncode == EXIT_OTHER_LAB, proc.stderr
+    assert "issued by another lab node" in proc.stderr and "retrying" not in proc.stderr
+
+
+def test_a_revoked_volunteer_is_told_so_and_stops(lab):
+    token = lab.enroll("revoked-volunteer")
+    lab.revoke("revoked-volunteer")
+    proc = _volunteer(lab.address, token)
+    assert proc.returncode == EXIT_REVOKED, proc.stderr
+    assert "this credential was revoked by the lab; ask the lab's admin for a new one" in proc.stderr
+
+
+def test_a_garbage_token_is_not_reported_as_a_missing_file():
+    proc = _volunteer("tls://127.0.0.1:9", "garbage")
+    assert proc.returncode == 2 and "neither a goblin credential" in proc.stderr and "No such file" not in proc.stderr
+
+
+def test_connect_refuses_at_once_what_cannot_succeed(lab, tmp_path):
+    path = _issue_researcher(lab, "connect-errors").stdout.strip()
+    with pytest.raises(FatalConnectError, match=f"this lab node speaks TLS: use {lab.address}") as e:
+        connect(_tcp(lab.address), credential=path, timeout=30)
+    assert e.value.exit_code == EXIT_WRONG_SCHEME
+    with pytest.raises(FatalConnectError, match="'register-client' is not allowed for a volunteer credential.*"
+                                                "goblin researchers issue NAME") as e:
+        connect(lab.address, credential=lab.enroll("volunteer-as-researcher"), timeout=30)
+    assert e.value.exit_code == EXIT_WRONG_ROLE
+    # a credential whose role field is edited still carries its certificate's role, which the node goes by
+    forged = Credential(**{**Credential.decode(lab.enroll("forged-role")).__dict__, "role": "researcher"})
+    with pytest.raises(FatalConnectError, match="not allowed for a volunteer credential"):
+        connect(lab.address, credential=forged.encode(), timeout=30)
+    with pytest.raises(FatalConnectError, match="issued by another lab node") as e:
+        connect(lab.address, credential=_other_lab(tmp_path, "researcher", "eve").encode(), timeout=30)
+    assert e.value.exit_code == EXIT_OTHER_LAB
+
+
+@pytest.mark.parametrize("which", ["--port", "--dashboard-port"])
+def test_goblin_node_names_the_port_in_use(tmp_path, which):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        other = "--dashboard-port" if which == "--port" else "--port"
+        proc = subprocess.run([sys.executable, "-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", which, str(port),
+                               other, "0", "--no-lab-worker", "--state-dir", str(tmp_path / "state")],
+                              capture_output=True, text=True, timeout=600)
+    what = "the scheduler" if which == "--port" else "the dashboard"
+    assert proc.returncode == EXIT_PORT_IN_USE, proc.stderr
+    assert f"{what} port {port} on 127.0.0.1 is in use" in proc.stderr and f"pick another with {which}" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "node.json").exists()
+
+
+# -- 4. small ones ---------------------------------------------------------------------------------------
+
+
+def test_a_revocation_is_in_the_reports_bans(lab):
+    lab.enroll("revoked-for-report")
+    lab.revoke("revoked-for-report")
+    lab.revoke("revoked-for-report")  # once per name
+    bans = [b for b in lab.report()["bans"] if b["name"] == "revoked-for-report"]
+    assert [b["reason"] for b in bans] == ["revoked by the lab's admin"]
+
+
+def test_expected_refusals_log_no_alarm(lab):
+    """A volunteer skipping distributed's shuffle plugin says so calmly; a researcher's refused call is one
+    warning line on the node, not an ERROR traceback (and the researcher still gets the node's reason)."""
+    for name in lab.volunteer_names():
+        log = (lab.state_dir / "logs" / f"{name}.log").read_text()
+        assert "skipped worker plugin 'shuffle'" in log and "WARNING refused worker plugin" not in log
+    path = _issue_researcher(lab, "refused-call").stdout.strip()
+    scheduler_log = lab.state_dir / "logs" / "scheduler.log"
+    start = scheduler_log.stat().st_size
+    with connect(lab.address, credential=path, timeout=30, set_as_default=False) as client:
+        with pytest.raises(PermissionError, match="'goblin_revoke' is not allowed for researcher refused-call"):
+            client.sync(client.scheduler.goblin_revoke, name="nobody")
+    with open(scheduler_log, "rb") as f:
+        f.seek(start)
+        log = f.read().decode(errors="replace")
+    assert "refused 'goblin_revoke'" in log
+    assert "Exception while handling op" not in log and "goblin node ERROR" not in log and "Traceback" not in log
+
+
+def test_the_package_shows_its_public_names_only():
+    assert dir(goblin_dask) == sorted(goblin_dask.__all__) == ["Graph", "LabNode", "__version__", "capture", "connect"]
+
+
+def test_readme_lists_every_exit_code_of_goblin_dask_errors():
+    """README's troubleshooting table and goblin_dask.errors agree: every fatal cause, its code, its message."""
+    from pathlib import Path
+
+    import goblin_dask.errors as errors
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    listed = {int(line.split("|")[1]) for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()}
+    codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    assert listed == codes
+    assert "this lab node speaks TLS: use tls://HOST:PORT" in table and "was revoked by the lab" in table
