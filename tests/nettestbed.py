@@ -23,7 +23,7 @@ namespaces; names carry this process's pid and a random part (parallel and abort
 and :func:`sweep_abandoned` removes those of dead runs).  :meth:`Testbed.close` kills every process in
 the namespaces and deletes them (their veths go with them).
 
-Run by hand (root)::
+Needs root, ``ip`` and ``tc`` (iproute2), ``nft`` (nftables) and ``conntrack``.  Run by hand::
 
     python tests/nettestbed.py             # build it, run a verified product, print the numbers, tear down
     python tests/nettestbed.py --shell     # build it and wait: `ip netns exec NAME ...` to look around
@@ -70,9 +70,9 @@ def unavailable_reason() -> str | None:
     """Why the testbed cannot be built here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "nft", "tc"):
+    for tool in ("ip", "nft", "tc", "conntrack"):
         if shutil.which(tool) is None:
-            return f"`{tool}` is missing (apt-get install iproute2 nftables)"
+            return f"`{tool}` is missing (apt-get install iproute2 nftables conntrack)"
     probe = f"{PREFIX}-probe-{os.getpid()}-{secrets.token_hex(2)}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -400,7 +400,11 @@ table ip relay {{
         """The home's link goes silent both ways (no FIN, no RST reaches anyone: a router that reboots)."""
         _run("nft", "add", "rule", "ip", "home", "outage", "drop", ns=home.router)
 
-    def link_up(self, home: Home) -> None:
+    def link_up(self, home: Home, router_rebooted: bool = False) -> None:
+        """The link carries packets again; ``router_rebooted``: the router forgot its NAT mappings (the
+        lab's packets for the connections of before are dropped there, as new connections from outside)."""
+        if router_rebooted:
+            subprocess.run(["ip", "netns", "exec", home.router, "conntrack", "-F"], capture_output=True, check=True)
         _run("nft", "flush", "chain", "ip", "home", "outage", ns=home.router)
 
     def relayed_bytes(self) -> dict[str, dict[str, int]]:
