@@ -491,7 +491,9 @@ class SilentVolunteers:
     connections to that volunteer stay open, and distributed's own worker TTL (5 minutes, checked every
     5 minutes) is the only thing that ends them, while every task the volunteer held waits.  Checked
     four times per ``dead-after`` (a volunteer is gone between 1 and 1.25 times it); removed as a lost
-    worker (:mod:`scheduler_plugins.faults` counts it like a crash).
+    worker (:mod:`scheduler_plugins.faults` counts it like a crash).  When the scheduler itself stalled
+    (a check ran more than two intervals after the one before: a huge graph, a swapping machine), the
+    heartbeats that arrived meanwhile are still unread: every volunteer gets a fresh ``dead-after`` from then.
     """
 
     def __init__(self, scheduler, admission):
@@ -499,8 +501,11 @@ class SilentVolunteers:
 
         self.scheduler, self.admission = scheduler, admission
         self.dead_after = dead_after()
+        self.interval = self.dead_after / 4
         self.removed: list[dict[str, Any]] = []  # {"name", "address", "silent"}: the latest ones
-        self.callback = PeriodicCallback(self.check, self.dead_after * 1000 / 4)
+        self.heard_since = time.time()  # silence is counted from no earlier than this (the last stall's end)
+        self.last_check: float | None = None
+        self.callback = PeriodicCallback(self.check, self.interval * 1000)
 
     def silent(self, now: float | None = None) -> dict[str, float]:
         """Connected volunteers past the limit: address -> seconds since their last heartbeat."""
@@ -510,12 +515,20 @@ class SilentVolunteers:
         found = {}
         for address in self.admission.volunteers():
             ws = workers.get(address)
-            if ws is not None and now - ws.last_seen > limit:
+            if ws is not None and now - max(ws.last_seen, self.heard_since) > limit:
                 found[address] = now - ws.last_seen
         return found
 
     async def check(self) -> None:
-        for address, silent in self.silent().items():
+        now = time.time()
+        gap = now - self.last_check if self.last_check is not None else 0.0
+        self.last_check = now
+        if gap > 2 * self.interval:
+            logger.warning("the scheduler did not run its silence check for %.0f s: every volunteer's silence "
+                           "is counted from now", gap)
+            self.heard_since = now
+            return
+        for address, silent in self.silent(now).items():
             name = self.admission.names.get(address, "?")
             logger.warning("volunteer %s at %s silent for %.0f s (goblin.link.dead-after %g s): removed, its tasks "
                            "reissued", name, address, silent, self.dead_after)
