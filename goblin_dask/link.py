@@ -467,9 +467,81 @@ class StreamInterval(SchedulerPlugin):
             stream.interval = self.interval
 
 
+def dead_after() -> float:
+    """``goblin.link.dead-after``: seconds without a heartbeat after which a volunteer is taken for gone."""
+    value = float(settings.get("goblin.link.dead-after"))
+    if not value > 0:
+        raise ValueError(f"goblin.link.dead-after must be a number of seconds above 0, got {value}")
+    return value
+
+
+def silence_limit(dead_after_s: float, workers: int) -> float:
+    """Seconds of silence that make a volunteer gone: ``dead_after_s``, and never under three of the
+    heartbeat intervals distributed asks of ``workers`` workers (0.5 s up to 10 workers, n/200 + 1 s
+    above 200): a large lab's volunteers heartbeat less often, and are not dead for it."""
+    from distributed.scheduler import heartbeat_interval
+
+    return max(float(dead_after_s), 3 * heartbeat_interval(workers))
+
+
+class SilentVolunteers:
+    """A volunteer not heard from for ``goblin.link.dead-after`` seconds is removed; its tasks are reissued.
+
+    A home link that drops (a router that reboots, a laptop that sleeps) sends no FIN: the lab's
+    connections to that volunteer stay open, and distributed's own worker TTL (5 minutes, checked every
+    5 minutes) is the only thing that ends them, while every task the volunteer held waits.  Checked
+    four times per ``dead-after`` (a volunteer is gone between 1 and 1.25 times it); removed as a lost
+    worker (:mod:`scheduler_plugins.faults` counts it like a crash).  When the scheduler itself stalled
+    (a check ran more than two intervals after the one before: a huge graph, a swapping machine), the
+    heartbeats that arrived meanwhile are still unread: every volunteer gets a fresh ``dead-after`` from then.
+    """
+
+    def __init__(self, scheduler, admission):
+        from tornado.ioloop import PeriodicCallback
+
+        self.scheduler, self.admission = scheduler, admission
+        self.dead_after = dead_after()
+        self.interval = self.dead_after / 4
+        self.removed: list[dict[str, Any]] = []  # {"name", "address", "silent"}: the latest ones
+        self.heard_since = time.time()  # silence is counted from no earlier than this (the last stall's end)
+        self.last_check: float | None = None
+        self.callback = PeriodicCallback(self.check, self.interval * 1000)
+
+    def silent(self, now: float | None = None) -> dict[str, float]:
+        """Connected volunteers past the limit: address -> seconds since their last heartbeat."""
+        now = time.time() if now is None else now
+        workers = self.scheduler.workers
+        limit = silence_limit(self.dead_after, len(workers))
+        found = {}
+        for address in self.admission.volunteers():
+            ws = workers.get(address)
+            if ws is not None and now - max(ws.last_seen, self.heard_since) > limit:
+                found[address] = now - ws.last_seen
+        return found
+
+    async def check(self) -> None:
+        now = time.time()
+        gap = now - self.last_check if self.last_check is not None else 0.0
+        self.last_check = now
+        if gap > 2 * self.interval:
+            logger.warning("the scheduler did not run its silence check for %.0f s: every volunteer's silence "
+                           "is counted from now", gap)
+            self.heard_since = now
+            return
+        for address, silent in self.silent(now).items():
+            name = self.admission.names.get(address, "?")
+            logger.warning("volunteer %s at %s silent for %.0f s (goblin.link.dead-after %g s): removed, its tasks "
+                           "reissued", name, address, silent, self.dead_after)
+            self.removed.append({"name": name, "address": address, "silent": round(silent, 1)})
+            del self.removed[:-100]
+            await self.scheduler.remove_worker(address, stimulus_id=f"goblin-silent-{name}-{time.time()}",
+                                               close=True, expected=False)
+
+
 def install_scheduler_side(scheduler, admission) -> None:
-    """The scheduler's link handlers, its refusals recorded (and bans made) by admission, and its
-    streams' batching interval (:class:`StreamInterval`).
+    """The scheduler's link handlers, its refusals recorded (and bans made) by admission, its
+    streams' batching interval (:class:`StreamInterval`), and its watch for volunteers gone silent
+    (:class:`SilentVolunteers`, started with the scheduler's periodic callbacks).
 
     ``goblin_link_endpoints`` (volunteers): the lab processes a volunteer keeps standby
     connections to.  ``goblin_refuse_volunteer`` (the lab worker): a refusal it made.
@@ -486,6 +558,8 @@ def install_scheduler_side(scheduler, admission) -> None:
         scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
     scheduler.add_plugin(StreamInterval())
+    silent = SilentVolunteers(scheduler, admission)
+    scheduler.periodic_callbacks["goblin-silent-volunteers"] = silent.callback
 
 
 # -- the volunteer side ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -61,7 +62,17 @@ BLOCKED_HANDLERS = {
 #: a volunteer skips them like any plugin, but says so without a warning.
 EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
 
-DEFAULT_BACKOFF = (1.0, 30.0)  # first and longest wait between connection attempts
+#: First and longest wait between connection attempts (each drawn between half and all of it): a home
+#: link back after an outage, or a lab node restarted, has its volunteers computing within seconds.
+DEFAULT_BACKOFF = (1.0, 5.0)
+#: Refusals that clear by themselves, so the agent retries them: its previous run's registration (a
+#: link that dropped without a word) is replaced once the lab has not heard from it for a few seconds.
+CLEARABLE_REFUSALS = ("is already connected",)
+
+
+def refusal_can_clear(message: str) -> bool:
+    """Does the lab node's refusal ``message`` clear by waiting (retry) rather than by the lab's admin (exit)?"""
+    return any(phrase in message for phrase in CLEARABLE_REFUSALS)
 
 
 class RefusedByNode(RuntimeError):
@@ -886,6 +897,7 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
                 startup_information={"goblin": lambda w: {"credential": credential.token}},
                 security=security,
             )
+            why = None
             try:
                 await worker
             except (ValueError, RuntimeError) as e:
@@ -895,22 +907,29 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
                 if fatal is not None:
                     raise fatal from None
                 if isinstance(cause, ValueError) and "refused" in str(cause):
-                    raise RefusedByNode(str(cause).split("'message': ")[-1].rstrip("}").strip("'\"")) from None
-                raise
-            logger.info("joined lab node %s as %s", address, name)
-            agent.attach(worker)
-            try:
-                await worker.finished()
-            finally:
-                agent.detach()
-            if stopping:
-                return
-            why = "lost the connection to the lab node"
+                    refusal = str(cause).split("'message': ")[-1].rstrip("}").strip("'\"")
+                    if not refusal_can_clear(refusal):
+                        raise RefusedByNode(refusal) from None
+                    why = f"it refused this volunteer for now ({refusal})"  # e.g. its previous run's registration
+                else:
+                    raise
+            if why is None:
+                logger.info("joined lab node %s as %s", address, name)
+                agent.attach(worker)
+                try:
+                    await worker.finished()
+                finally:
+                    agent.detach()
+                if stopping:
+                    return
+                why = "lost the connection to the lab node"
         attempts += 1
         if max_attempts is not None and attempts >= max_attempts:
             raise ConnectionError(f"cannot reach lab node at {address}: {why} (gave up after {attempts} attempts)")
-        print(f"goblin volunteer: cannot reach lab node at {address}: {why}; retrying in {wait:.0f} s", file=sys.stderr, flush=True)
-        await asyncio.sleep(wait)
+        pause = wait * random.uniform(0.5, 1.0)  # jitter: volunteers cut off together do not return together
+        print(f"goblin volunteer: cannot reach lab node at {address}: {why}; retrying in {pause:.1f} s",
+              file=sys.stderr, flush=True)
+        await asyncio.sleep(pause)
         wait = min(wait * 2, backoff[1])
 
 

@@ -54,6 +54,11 @@ VOLUNTEER_WHO_HAS_KEYS = 10_000
 #: into its smallest tiles (tens of thousands of tasks).
 VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
+#: A volunteer's registration is stale after this many of distributed's heartbeat intervals without one
+#: (0.5 s each up to 10 workers), and never under :data:`STALE_MIN_SECONDS`; a new connection proven by the
+#: same certificate then replaces it (:meth:`AdmissionPlugin.stale_registration`).
+STALE_HEARTBEATS = 4
+STALE_MIN_SECONDS = 3.0
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
 REFUSALS_KEPT = 1000
 #: The scheduler handlers a researcher's connection may call: what a ``distributed.Client``
@@ -120,6 +125,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.bans: list[dict[str, Any]] = []
         #: each volunteer's calls to the scheduler's handlers (:class:`CallBudget`)
         self.calls = CallBudget()
+        #: stale registrations replaced by their volunteer's new connection: {"name", "old", "new", "silent"}
+        self.replaced: deque[dict[str, Any]] = deque(maxlen=REFUSALS_KEPT)
 
         self._add_worker = scheduler.handlers["register-worker"]
         scheduler.handlers["register-worker"] = self.register_worker
@@ -162,8 +169,11 @@ class AdmissionPlugin(SchedulerPlugin):
                 raise CredentialError(f"its certificate ({peer}) does not match its token ({ident.role}, {ident.name})")
             if ident.name in self.banned:
                 raise CredentialError(f"{ident.name!r} is banned from this lab node")
+            stale = None
             if ident.name in self.names.values():
-                raise CredentialError(f"{ident.name!r} is already connected")
+                stale = self.stale_registration(ident.name) if ident.role == "volunteer" else None
+                if stale is None:
+                    raise CredentialError(f"{ident.name!r} is already connected")
             if ident.role == "volunteer":
                 _check_volunteer_claims(nthreads, kwargs.get("memory_limit"))
         except CredentialError as e:
@@ -171,12 +181,49 @@ class AdmissionPlugin(SchedulerPlugin):
             logger.warning("refused worker %s: %s", address, e)
             await comm.write({"status": "error", "time": time.time(), "message": f"goblin lab node refused this worker: {e}"})
             return
+        if stale is not None:
+            await self.replace_stale(ident.name, stale, address)
         self.roles[address] = ident.role
         self.names[address] = ident.name
         slots = {VOLUNTEER_RESOURCE: float(nthreads)} if ident.role == "volunteer" else {LAB_RESOURCE: LAB_SLOTS}
         logger.info("admitted %s %s at %s", ident.role, ident.name, address)
         return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},
                                       resources=slots, nthreads=nthreads, **kwargs)
+
+    def stale_registration(self, name: str, now: float | None = None) -> str | None:
+        """The address of volunteer ``name``'s registration if it is stale, else None.
+
+        Stale: nothing heard from it (heartbeats) for :data:`STALE_HEARTBEATS` of distributed's heartbeat
+        intervals.  A volunteer whose link dropped and that started again is such a case: its old
+        connections are half-open at the lab (no FIN ever arrived), and its new connection, proven by the
+        same certificate, replaces them (:meth:`replace_stale`) instead of waiting for
+        ``goblin.link.dead-after``.  Two live agents with one credential are not stale: the second one is
+        refused with "already connected" (and retries) while the first one heartbeats.
+        """
+        from distributed.scheduler import heartbeat_interval
+
+        now = time.time() if now is None else now
+        workers = self.scheduler.workers
+        limit = max(STALE_MIN_SECONDS, STALE_HEARTBEATS * heartbeat_interval(len(workers)))
+        for address, held in self.names.items():
+            ws = workers.get(address)
+            if held == name and self.roles.get(address) == "volunteer" and ws is not None \
+                    and now - ws.last_seen > limit:
+                return address
+        return None
+
+    async def replace_stale(self, name: str, stale: str, address: str) -> None:
+        """Remove volunteer ``name``'s stale registration at ``stale`` (its tasks are reissued, as for a
+        volunteer lost), so that its new connection from ``address`` is admitted."""
+        ws = self.scheduler.workers.get(stale)
+        silent = time.time() - ws.last_seen if ws is not None else 0.0
+        logger.warning("volunteer %s rejoined from %s: its registration at %s (silent for %.1f s) is removed, "
+                       "its tasks reissued", name, address, stale, silent)
+        self.replaced.append({"name": name, "old": stale, "new": address, "silent": round(silent, 1)})
+        await self.scheduler.remove_worker(stale, stimulus_id=f"goblin-rejoined-{name}-{time.time()}", close=True,
+                                           expected=False)
+        self.roles.pop(stale, None)
+        self.names.pop(stale, None)
 
     def heartbeat_worker(self, comm, *, address: str, resources: dict | None = None, **kwargs):
         # Resources come from the role at admission; a heartbeat may not change them.
