@@ -297,3 +297,105 @@ def test_low_precision_checks_convert_by_blocks_of_rows(monkeypatch, dtype):
     for cheat in ("noise", "element"):
         assert not check_product(corrupt(cheat, a @ b, {}), a, b)
         assert not check_product(corrupt(cheat, c, {}), a, b, c0)
+
+
+# -- float64: systematic errors far beyond rounding, and signed zeros (issue 29, items 5 and 10) -------
+
+
+def _hm_bound(a, b):
+    """Higham & Mary's entry-wise probabilistic bound for the float64 product (lambda = 8)."""
+    return 8.0 * np.sqrt(a.shape[1]) * np.finfo(np.float64).eps / 2 * (np.abs(a) @ np.abs(b))
+
+
+def _float64_attacks(a, b):
+    c = a @ b
+    bound = _hm_bound(a, b)
+    yield "every entry biased by 16x the bound", c + 16 * bound
+    one = c.copy()
+    one[RNG.integers(c.shape[0]), RNG.integers(c.shape[1])] += 500 * bound.max()
+    yield "one entry off by 500x the bound", one
+    x, y = RNG.standard_normal(c.shape[0]), RNG.standard_normal(c.shape[1])
+    rank1 = np.outer(x, y)
+    rank1 *= 4 * np.median(bound / np.abs(rank1))  # half the entries beyond 4x the bound
+    assert (np.abs(rank1) > bound).mean() > 2 / 3
+    yield "a rank-1 perturbation, 2/3 of its entries beyond the bound", c + rank1
+
+
+@pytest.mark.parametrize("kind", ["normal", "positive", "offset"])
+def test_float64_systematic_errors_beyond_rounding_are_rejected(kind):
+    a, b = _operands(kind, 512, np.float64)
+    for trial in range(3):
+        for name, wrong in _float64_attacks(a, b):
+            verdict = check_product(wrong, a, b)
+            assert not verdict.accepted, (kind, name, trial)
+            np.testing.assert_allclose(verdict.recomputed, a @ b, rtol=1e-12, atol=1e-12 * np.abs(a @ b).max())
+    # with an accumulator (a linear layer's bias) and in a stack (bmm): the same
+    c0 = RNG.standard_normal((1, b.shape[1]))
+    for name, wrong in _float64_attacks(a, b):
+        assert not check_product(wrong + c0, a, b, c0), name
+    stack_a, stack_b = np.stack([a[:128, :128]] * 3), np.stack([b[:128, :128]] * 3)
+    good = stack_a @ stack_b
+    for name, wrong in _float64_attacks(a[:128, :128], b[:128, :128]):
+        bad = good.copy()
+        bad[1] = wrong
+        assert not check_product(bad, stack_a, stack_b), name
+
+
+def _blocked(a, b, block):
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for lo in range(0, a.shape[1], block):
+        out += a[:, lo:lo + block] @ b[lo:lo + block]
+    return out
+
+
+HONEST_FLOAT64 = {
+    "matmul": lambda a, b: a @ b,
+    "einsum (numpy's own loop)": lambda a, b: np.einsum("ij,jk->ik", a, b, optimize=False),
+    "blocks of 7 summed": lambda a, b: _blocked(a, b, 7),
+    "blocks of 128 summed": lambda a, b: _blocked(a, b, 128),
+    "row by row (dot products)": lambda a, b: np.stack([row @ b for row in a]),
+    "transposed": lambda a, b: (b.T @ a.T).T.copy(),
+}
+
+
+@pytest.mark.parametrize("kind", ["normal", "positive", "offset", "scaled"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float64_honest_results_computed_every_way_are_accepted_without_recomputation(kind, threads):
+    pytest.importorskip("threadpoolctl")
+    from threadpoolctl import threadpool_limits
+
+    a, b = _operands(kind, 300, np.float64)
+    with threadpool_limits(limits=threads):
+        results = {name: kernel(a, b) for name, kernel in HONEST_FLOAT64.items()}
+    for name, c in results.items():
+        for _ in range(3):
+            verdict = check_product(c, a, b)
+            assert verdict.accepted and verdict.recomputed is None, (name, kind, threads)
+    # a thin inner dimension, and a long one
+    for shape in (((257, 3), (3, 301)), ((40, 5000), (5000, 33))):
+        x, y = RNG.standard_normal(shape[0]), RNG.standard_normal(shape[1])
+        for name, kernel in HONEST_FLOAT64.items():
+            assert check_product(kernel(x, y), x, y).recomputed is None, (name, shape)
+
+
+def test_a_signed_subnormal_where_the_product_is_exactly_zero_is_rejected():
+    a, b = _operands("normal", 200, np.float64)
+    a[::3] = 0.0  # rows of zeros (padding, a layer's dead units)
+    b[:, ::5] = 0.0
+    c = a @ b
+    assert check_product(c, a, b).recomputed is None
+    assert check_product(-0.0 * (c == 0) + c, a, b)  # -0.0: an honest kernel may give either zero
+    for tiny in (-5e-324, 5e-324, -1e-310):
+        wrong = c.copy()
+        wrong[c == 0] = tiny
+        verdict = check_product(wrong, a, b)
+        assert not verdict.accepted, tiny
+        assert not np.isnan(np.sqrt(verdict.recomputed[c == 0])).any()
+        one = c.copy()
+        one[3, 7] = tiny  # a single one, in a zero row
+        assert not check_product(one, a, b), tiny
+    c0 = RNG.standard_normal((1, b.shape[1]))
+    assert check_product(c + c0, a, b, c0)
+    wrong = c + c0
+    wrong[0] = np.nextafter(wrong[0], np.inf)  # one ulp off where the product adds exactly 0 to c0
+    assert not check_product(wrong, a, b, c0)

@@ -18,7 +18,14 @@ float32 product.  So for precisions below float64 the lab *measures* it: it comp
 few random rows of the product itself, in the volunteer's precision and in float64,
 and takes the largest error ratio (floored at ``u / 4``).  For float64 and complex128
 (no cheaper higher-precision reference) ``rho = sqrt(k) u``.  The rounding of
-``C0 + A B`` and the check's own float64 rounding are added as bounds.
+``C0 + A B`` and the check's own rounding are added as bounds.  In float64 the check's own
+rounding, bounded, was as large as the volunteer's (it let every entry be biased by 16x
+Higham & Mary's bound), so for real float64 the vectors are integers and the projections
+are computed almost exactly (:func:`_freivalds_exact`); complex128 keeps the bounds.
+
+Where a row of A or a column of B is all zeros, the product is exactly 0 (or C0) for every
+honest kernel, and nothing else is accepted there (a -5e-324 passed a tolerance of 2.2e-308,
+and ``sqrt`` of it is NaN where numpy's gives 0).
 
 Passing that test accepts.  Failing it is not yet a rejection: the lab computes the
 product exactly (float64) and compares entry by entry with Higham & Mary's
@@ -158,8 +165,22 @@ def _check_2d(c, a, b, c0, *, k, rng) -> Verdict:
     if not whole:
         a, b = a[good_r], b[:, good_c]
         a_n2, b_n2 = a_n2[good_r], b_n2[good_c]
+    # Where a row of A or a column of B is all zeros, every honest kernel's product is exactly 0
+    # (plus C0): not a subnormal of either sign (sqrt of one gives NaN where numpy gives 0).
+    zero_r, zero_c = ~a.any(axis=1), ~b.any(axis=0)
+    if zero_r.any() or zero_c.any():
+        for rows, cols in ((zero_r, slice(None)), (slice(None), zero_c)):
+            got = cg[rows][:, cols]
+            if not np.array_equal(got, np.zeros_like(got) if c0g is None else c0g[rows][:, cols]):
+                return _decide(c, a_full, b_full, c0, part, a, b, u, work)
     rho = _calibrate(a, b, a_n2, b_n2, rng, work) if u > 1e3 * _U64 else math.sqrt(inner) * u
-    if _freivalds(cg, a, b, c0g, a_n2, b_n2, work=work, u=u, rho=rho, k=k or vectors_for(), rng=rng):
+    vectors = k or vectors_for()
+    verdict = None
+    if c.dtype == np.float64:  # the check computed in the volunteer's own precision: almost exactly
+        verdict = _freivalds_exact(cg, a, b, c0g, a_n2, b_n2, rho=rho, k=vectors, rng=rng)
+    if verdict is None:
+        verdict = _freivalds(cg, a, b, c0g, a_n2, b_n2, work=work, u=u, rho=rho, k=vectors, rng=rng)
+    if verdict:
         return Verdict(True)
     # Suspicious: the lab computes the product itself and decides entry by entry.
     return _decide(c, a_full, b_full, c0, part, a, b, u, work)
@@ -180,6 +201,8 @@ def _check_stack(c, a, b, c0, *, k, rng) -> bool:
     m, inner, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if c.size == 0:
         return True
+    if c.dtype == np.float64:  # checked entry by entry with the exact projections (see _freivalds_exact)
+        return False
     stack = (-1, m, inner), (-1, inner, n), (-1, m, n)
     a3, b3, c3 = (np.reshape(x, sh) for x, sh in zip((a, b, c), stack))
     c03 = None if c0 is None else np.reshape(c0, stack[2])
@@ -251,6 +274,10 @@ def _decide(c, a, b, c0, part, a_good, b_good, u: float, work: np.dtype) -> Verd
     if not (np.isfinite(replacement).all() and np.isfinite(cg).all()):
         replacement = _lab_product(a, b, c0, c.dtype)
     ok = _close(cg, part(replacement), _entry_bound(a_good, b_good, c0g), u, a.shape[1], part(exact))
+    # a row of A or a column of B of zeros: exactly the accumulator (or 0), as any honest kernel gives
+    zero = ~a_good.any(axis=1)[:, None] | ~b_good.any(axis=0)[None, :]
+    if ok and zero.any():
+        ok = bool(np.array_equal(cg[zero], part(replacement)[zero]))
     return Verdict(ok, replacement)
 
 
@@ -450,3 +477,155 @@ def _check_exact(c, a, b, c0, *, k, rng) -> bool:
         lhs = c @ r - (0 if c0 is None else c0.astype(c.dtype) @ r)
         rhs = a.astype(c.dtype) @ (b.astype(c.dtype) @ r)
     return bool(np.array_equal(lhs, rhs))
+
+
+# -- float64: the projections computed (almost) exactly --------------------------------------
+#
+# In float64 the check's own arithmetic has the volunteer's precision, and bounding its rounding
+# (``lambda sqrt(n) u |c_i| |r|``) allowed systematic errors far beyond an honest kernel's.  So for
+# real float64 the vectors are integers (Gaussian draws in steps of 1/256 of a standard deviation,
+# below 2**12) and each large operand is split by rows into a part on a coarse grid, whose products
+# with integers are exact in any summation order (BLAS or not, any blocking or thread count), and a
+# small remainder whose rounding is negligible.  The check's error is then a few units of
+# ``|projection|``: the tolerance is the volunteer's rounding alone.
+
+#: Gaussian vectors are rounded to multiples of 1/_R_STEP (integers after scaling by it), clipped at
+#: 8 standard deviations: every entry is an integer of magnitude below 2**_R_BITS.
+_R_STEP = 256.0
+_R_BITS = 12
+#: Largest row exponent split exactly (the grid offset 1.5 * 2**(e + 52 - bits) must stay finite).
+_MAX_EXPONENT = 960
+
+
+def _integer_vectors(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    g = np.clip(rng.standard_normal((n, k)), -8.0, 8.0)
+    return np.rint(g * _R_STEP)
+
+
+def _row_exponents(x: np.ndarray, bits: int) -> np.ndarray | None:
+    """Per row ``e`` with ``max |x_i| < 2**e``, raised so the grid 2**(e - bits) is no finer than
+    float64's smallest subnormal; None when a row is too large to split."""
+    if x.shape[1] == 0:
+        top = np.zeros(x.shape[0])
+    else:
+        top = np.maximum(np.max(x, axis=1), -np.min(x, axis=1)).astype(np.float64)  # no |x| temporary
+    e = np.maximum(np.frexp(top)[1].astype(np.int64), bits - 1073)
+    if e.size and int(e.max()) > _MAX_EXPONENT:
+        return None
+    return e
+
+
+def _split_times(x: np.ndarray, y: np.ndarray, bits: int):
+    """``(x_hi @ y, x_lo @ y, e)`` with ``x = x_hi + x_lo`` exactly, ``x_hi`` on the grid ``2**(e_i - bits)``
+    (at most ``bits`` bits per entry), ``|x_lo| <= 2**(e_i - bits - 1)``; None when a row is too large
+    to split.  A block of rows at a time, in two buffers reused for every block (fresh temporaries cost
+    page faults: measured 10x slower)."""
+    out_hi = np.empty((x.shape[0], y.shape[1]))
+    out_lo = np.empty((x.shape[0], y.shape[1]))
+    e_all = np.empty(x.shape[0], np.int64)
+    step = max(1, _CHUNK_BYTES // max(1, x.shape[1] * 8))
+    hi_buf, lo_buf = np.empty((min(step, x.shape[0]), x.shape[1])), np.empty((min(step, x.shape[0]), x.shape[1]))
+    for i in range(0, x.shape[0], step):
+        xi = x[i:i + step]
+        rows = xi.shape[0]
+        e = _row_exponents(xi, bits)
+        if e is None:
+            return None
+        e_all[i:i + rows] = e
+        hi, lo, sigma = hi_buf[:rows], lo_buf[:rows], 1.5 * np.ldexp(1.0, e + 52 - bits)[:, None]
+        np.add(xi, sigma, out=hi)  # rounds x to the grid: (x + sigma) - sigma
+        np.subtract(hi, sigma, out=hi)
+        np.subtract(xi, hi, out=lo)
+        np.matmul(hi, y, out=out_hi[i:i + rows])
+        np.matmul(lo, y, out=out_lo[i:i + rows])
+    return out_hi, out_lo, e_all
+
+
+def _gamma(n: int) -> float:
+    return n * _U64 / (1 - n * _U64)
+
+
+def _exact_projection(x: np.ndarray, r: np.ndarray):
+    """``x @ r`` for integer vectors ``r`` (``|r| < 2**_R_BITS``), and a bound on its error, entry by entry;
+    None when ``x`` is too large to split."""
+    n = x.shape[1]
+    bits = 51 - _R_BITS - max(1, math.ceil(math.log2(max(n, 2))))
+    split = _split_times(x, r, bits)
+    if split is None:
+        return None
+    hi, lo, e = split
+    with np.errstate(all="ignore"):
+        xr = hi + lo  # hi exact; lo's rounding below, and one rounding of the sum
+        lo_norm = math.sqrt(n) * np.ldexp(1.0, e - bits - 1)[:, None]  # |x_lo_i| bound
+        err = _U64 * np.abs(xr) + _gamma(n) * lo_norm * np.sqrt((r * r).sum(axis=0))[None, :] + _TINY
+    return xr, err
+
+
+def _exact_times(a: np.ndarray, a_norm: np.ndarray, y: np.ndarray):
+    """``a @ y`` for a general float64 ``y`` (few columns), and a bound on its error entry by entry; None
+    when the split would leave float64's range.  Both are split: the products of the coarse parts
+    are exact, the rest are small."""
+    k = a.shape[1]
+    both = 51 - max(1, math.ceil(math.log2(max(k, 2))))
+    ba = both // 2
+    by = both - ba
+    ey = _row_exponents(y.T, by)
+    if ey is None or a.shape[0] == 0:
+        return None
+    sigma_y = 1.5 * np.ldexp(1.0, ey + 52 - by)[None, :]
+    y_hi = (y + sigma_y) - sigma_y
+    y_lo = y - y_hi
+    split = _split_times(a, np.concatenate([y_hi, y_lo], axis=1), ba)
+    if split is None:
+        return None
+    t_hi, t_lo, ea = split
+    # the exact products live on the grid 2**(ea_i - ba + ey_v - by): it must not underflow
+    if int(ea.min()) - ba + int(ey.min()) - by < -1074 or int(ea.max()) + int(ey.max()) + 4 > 1023:
+        return None
+    v = y.shape[1]
+    exact, hi_lo = t_hi[:, :v], t_hi[:, v:]  # a_hi @ y_hi (exact), a_hi @ y_lo
+    lo_y = t_lo[:, :v] + t_lo[:, v:]  # a_lo @ y
+    with np.errstate(all="ignore"):
+        ay = exact + (hi_lo + lo_y)
+        a_lo_norm = math.sqrt(k) * np.ldexp(1.0, ea - ba - 1)[:, None]
+        y_norm = np.sqrt((y * y).sum(axis=0))[None, :]
+        y_lo_norm = math.sqrt(k) * np.ldexp(1.0, ey - by - 1)[None, :]
+        err = (_gamma(k) * ((a_norm + a_lo_norm) * y_lo_norm + a_lo_norm * (y_norm + y_lo_norm))
+               + 3 * _U64 * (np.abs(exact) + np.abs(hi_lo) + np.abs(lo_y)) + _TINY)
+    return ay, err
+
+
+def _freivalds_exact(c, a, b, c0, a_n2, b_n2, *, rho: float, k: int, rng: np.random.Generator) -> bool | None:
+    """The projected test for real float64, with the projections computed almost exactly (see above).
+
+    True accepts; False is suspicious (the caller decides entry by entry); None: data too near
+    float64's range to split (the caller falls back to the bounded float64 test)."""
+    r = _integer_vectors(b.shape[1], k, rng)
+    r2 = r * r
+    parts = [_exact_projection(b, r), _exact_projection(c, r)]
+    if c0 is not None:
+        parts.append(_exact_projection(c0, r))
+    if any(p is None for p in parts):
+        return None
+    (y, y_err), (cr, cr_err) = parts[0], parts[1]
+    a_norm = np.sqrt(a_n2)[:, None]
+    ay = _exact_times(a, a_norm, y)
+    if ay is None:
+        return None
+    ay, ay_err = ay
+    with np.errstate(all="ignore"):
+        dr = cr if c0 is None else cr - parts[2][0]
+        residual = dr - ay
+        # the volunteer's rounding: z sqrt(sum_j (rho |a_i| |b_j| r_j)^2)
+        tol = Z * rho * a_norm * np.sqrt(b_n2 @ r2)[None, :]
+        # the check's own: the projections, y's error carried through a, and the differences
+        tol += cr_err + ay_err + a_norm * np.sqrt((y_err * y_err).sum(axis=0))[None, :]
+        tol += 2 * _U64 * (np.abs(cr) + np.abs(ay))
+        if c0 is not None:
+            c0r, c0r_err = parts[2]
+            r_top = float(np.abs(r).max(initial=0.0))
+            c0_norm = np.sqrt(_sq_norms(c0, axis=1))[:, None]
+            c_norm = np.sqrt(_sq_norms(c, axis=1))[:, None]
+            # the volunteer's rounding of c0 + a @ b: within u |c_ij| (and u |c0_ij| when it accumulates)
+            tol += Z * _U64 * (c0_norm + c_norm) * r_top + c0r_err + 2 * _U64 * np.abs(c0r)
+        return bool(np.isfinite(tol).all() and np.all(np.abs(residual) <= tol))
