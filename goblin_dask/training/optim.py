@@ -91,3 +91,24 @@ def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict
     loss = float(sum(w * float(_assemble(l)) for w, l in zip(weights, losses)))
     return {"params": new_params, "state": new_state, "loss": loss,
             "buffers": [_assemble(b) for b in buffers]}
+
+
+def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
+                     packed: Sequence[np.ndarray], layouts: Sequence[Sequence[tuple]],
+                     buffer_forms: Sequence[tuple]) -> dict:
+    """:func:`lab_round` on stage tasks' packed results: micro-batch ``i``'s loss, gradients and buffers are
+    views of ``packed[i]`` at ``layouts[i]`` (``(start, stop, shape, dtype)`` each, in that order), so the
+    lab worker cuts them here, in one task, instead of one task per output.  The buffers come back in
+    ``buffer_forms`` (shape, dtype): the next round reads them as it read these."""
+    outs = [[np.asarray(p[a:b]).reshape(shape).astype(np.dtype(dt), copy=False) for a, b, shape, dt in where]
+            for p, where in zip(packed, layouts)]
+    n = len(params)
+    out = lab_round(hyper, params, state, weights, [o[0] for o in outs], [o[1:1 + n] for o in outs], outs[-1][1 + n:])
+    out["buffers"] = [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(out["buffers"], buffer_forms)]
+    return out
+
+
+def field(result: dict, name: str) -> Any:
+    """One entry of a round's result (a task on the lab worker: the loss for the researcher, the optimizer
+    state for the next round), the rest staying where it is."""
+    return result[name]

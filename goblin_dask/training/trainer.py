@@ -12,6 +12,7 @@ enter each round's graph as lab arrays of kind ``"parameters"`` (not capped by
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import numpy as np
 from goblin_dask.training import optim
 
 _SUPPORTED = ("SGD", "Adam", "AdamW")
+_ROUND_GRAPHS = itertools.count()
 
 
 @dataclass
@@ -158,6 +160,12 @@ class Trainer:
         self._joint: dict[tuple, Any] = {}
         self.history: list[dict] = []
         self.rounds = 0
+        #: the Future of the lab worker's result of the last round that kept its parameters, buffers and
+        #: optimizer state there (:meth:`_sync_host` brings them here), or None
+        self._resident: Any = None
+        #: the round the arrays in this process are of (behind ``rounds`` while the lab worker holds newer ones)
+        self._host_round = 0
+        self._keeps_state = False
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every or 0)
         if self.checkpoint_every and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint_dir (e.g. the lab node's state dir)")
@@ -237,32 +245,48 @@ class Trainer:
         from dask.base import tokenize
         from dask.highlevelgraph import HighLevelGraph
 
+        from goblin_dask.array import program as prog
         from goblin_dask.array.graph import optimize
         from goblin_dask.torch_capture.aten import random_seed
 
         n = x.shape[0]
         parts = np.array_split(np.arange(n), self.micro_batches)
         weights = [len(p) / n for p in parts]
+        tok = tokenize(self.seed, self.rounds, id(self), next(_ROUND_GRAPHS))  # new keys for every graph built
+        hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
         # the model's own arrays, not the lab's data: capped by goblin.minimization.parameters-max-share
         # (x and y stay data; the optimizer state never leaves the lab worker's step)
-        params = [_parameters(self._params[k]) for k in self.param_names]
-        bufs = [_parameters(self._buffers[k]) for k in self.buffer_names]
+        params, bufs = self._model_arrays(tok)
         losses, grads = [], []
         P = len(params)
         staged = self._staged(x, y, parts, params, bufs)
+        if self._resident is not None and staged != "packed":
+            self._sync_host()  # this round runs op by op, from this process's copies
+            params, bufs = self._model_arrays(tok)
+        self._keeps_state = staged == "packed"
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
+        packed, layouts = [], []
         for i, idx in enumerate(parts):
             lo, hi = idx[0], idx[-1] + 1
             xi, yi = x[lo:hi], y[lo:hi]
             graph = self._graph_for(xi, yi)
+            if staged == "packed":
+                stage, program = graph.stage_packed(*params, *bufs, xa[lo:hi], ya[lo:hi])
+                where = prog.layout(program.spec)
+                where = [where[k] for _, k in program.results]
+                packed.append(stage)
+                layouts.append(where)
+                # the next micro-batch's forward sees the running statistics so far
+                bufs = [ga.reshape(stage[a:b], shape) for a, b, shape, _ in where[1 + P:]]
+                continue
             with random_seed((self.seed, self.rounds, i)):
                 out = graph(*params, *bufs, xa[lo:hi], ya[lo:hi], slices=1) if staged else graph(*params, *bufs, xi, yi)
             out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
             losses.append(out[0])
             grads.append(out[1:1 + P])
             bufs = out[1 + P:]  # the next micro-batch's forward sees the running statistics so far
-        arrays = [*params, *losses, *(g for gs in grads for g in gs), *bufs]
+        arrays = [*params, *packed, *losses, *(g for gs in grads for g in gs), *bufs]
         # one merge: each array's graph holds most of the others' (a dict per array cost seconds per round)
         dsk = dict(HighLevelGraph.merge(*(a.__dask_graph__() for a in arrays)).to_dict())
         dsk = optimize(dsk, [a.__dask_keys__() for a in arrays])
@@ -272,24 +296,63 @@ class Trainer:
                 return List(*(nest(e) for e in k)) if isinstance(k, list) else TaskRef(k)
             return nest(a.__dask_keys__())
 
-        tok = tokenize(self.rounds, [a.name for a in arrays])
-        hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
         dsk[hyper_key] = DataNode(hyper_key, self._hyperparameters())
-        dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
-        dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
-                             TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
-                             List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
+        if self._resident is not None:  # the state the lab worker kept from the last round
+            dsk[state_key] = Task(state_key, optim.field, self._resident, "state")
+        else:
+            dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
+        if staged == "packed":
+            forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
+            dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
+                                 TaskRef(state_key), list(weights), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
+                                 layouts, forms)
+        else:
+            dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
+                                 TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
+                                 List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
         return dsk, step_key
 
-    def _staged(self, x: np.ndarray, y: np.ndarray, parts: list, params: list, bufs: list) -> bool:
+    def _model_arrays(self, tok: str) -> tuple[list, list]:
+        """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
+        (no upload), or this process's copies as lab arrays."""
+        if self._resident is None or self._host_round == self.rounds:
+            return ([_parameters(self._params[k]) for k in self.param_names],
+                    [_parameters(self._buffers[k]) for k in self.buffer_names])
+        from goblin_dask.array.sources import resident_array
+
+        def kept(what: str, host: dict, names: list) -> list:
+            return [resident_array(self._resident, (what, j), host[k].shape, host[k].dtype, (tok, what, j),
+                                   kind="parameters") for j, k in enumerate(names)]
+
+        return kept("params", self._params, self.param_names), kept("buffers", self._buffers, self.buffer_names)
+
+    def _sync_host(self) -> None:
+        """Bring the parameters, buffers and optimizer state the lab worker kept from the last round into this
+        process (for a checkpoint, :meth:`state_dict`, or a round that runs op by op)."""
+        if self._resident is None or self._host_round == self.rounds:
+            return
+        self._take(self._resident.result())
+
+    def _take(self, out: dict) -> None:
+        for k, v in zip(self.param_names, out["params"]):
+            self._params[k] = v
+        for k, v in zip(self.buffer_names, out["buffers"]):
+            self._buffers[k] = np.asarray(v, dtype=self._buffers[k].dtype).reshape(self._buffers[k].shape)
+        self._state = out["state"]
+        self._host_round = self.rounds
+
+    def _staged(self, x: np.ndarray, y: np.ndarray, parts: list, params: list, bufs: list) -> str | bool:
         """Does each micro-batch run as one stage task (its forward and backward on one volunteer, replicated
         on another), rather than op by op?  Where ``goblin.stage.tasks`` is on, the lab node has volunteers,
         the model's arrays fit ``goblin.stage.memory-fraction`` of a volunteer thread's memory, the whole model
-        is one stage of the plan, and its joint graph traces to a program (no random operator)."""
+        is one stage of the plan, and its joint graph traces to a program (no random operator).  ``"packed"``:
+        every output is the program's own, so the optimizer step reads them from the packed results and the
+        round's parameters and state stay on the lab worker."""
         from goblin_dask.torch_capture.graph import _LazyConstant, stage_slices
 
         if len(self.plan.stages) != 1:
             return False
+        packed = True
         for idx in {(len(p),) for p in parts}:
             lo, hi = 0, idx[0]
             graph = self._graph_for(x[lo:hi], y[lo:hi])
@@ -297,9 +360,11 @@ class Trainer:
                            [*params, *bufs, _LazyConstant(None, "x", x[lo:hi]), _LazyConstant(None, "y", y[lo:hi])]))
             if not stage_slices(graph, env, 1):
                 return False
-            if graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape]) is None:
+            program = graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape])
+            if program is None:
                 return False
-        return True
+            packed = packed and all(kind == "packed" for kind, _ in program.results)
+        return "packed" if packed else True
 
     def _client(self) -> Any:
         if self.client is None:
@@ -311,23 +376,33 @@ class Trainer:
     def step(self, x: Any, y: Any) -> float:
         """One round on NumPy inputs: forward+backward of every micro-batch on the grid, checked; the
         optimizer step at the lab.  Returns the batch's mean loss (before the step)."""
+        from dask._task_spec import Task, TaskRef
+
         before = self._report()
         t0 = time.perf_counter()
         dsk, key = self.round_graph(x, y)
-        out = self._client().get(dsk, key)
+        client = self._client()
+        if self._keeps_state:  # the lab worker keeps the round's result; only the loss comes here
+            loss_key = key.replace("train-step-", "train-loss-", 1)
+            dsk[loss_key] = Task(loss_key, optim.field, TaskRef(key), "loss")
+            result, loss = client.get(dsk, [key, loss_key], sync=False)
+            loss = float(loss.result())
+            self._resident = result
+        else:
+            out = client.get(dsk, key)
+            self._resident = None
+            self._take(out)
+            loss = out["loss"]
         seconds = time.perf_counter() - t0
-        for k, v in zip(self.param_names, out["params"]):
-            self._params[k] = v
-        for k, v in zip(self.buffer_names, out["buffers"]):
-            self._buffers[k] = np.asarray(v, dtype=self._buffers[k].dtype).reshape(self._buffers[k].shape)
-        self._state = out["state"]
         self.rounds += 1
-        self.history.append({"round": self.rounds, "loss": out["loss"], "seconds": seconds,
+        if not self._keeps_state:
+            self._host_round = self.rounds
+        self.history.append({"round": self.rounds, "loss": loss, "seconds": seconds,
                              "verification": _delta(before, self._report())})
         _post_round(self)  # the lab's page shows the run (numbers only)
         if self.checkpoint_every and self.rounds % self.checkpoint_every == 0:
             self.save(self.checkpoint_dir)
-        return out["loss"]
+        return loss
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -340,6 +415,8 @@ class Trainer:
         import shutil
 
         import torch
+
+        self._sync_host()
 
         root = os.fspath(directory)
         os.makedirs(root, exist_ok=True)
@@ -405,6 +482,7 @@ class Trainer:
             torch.set_rng_state(torch.from_numpy(z["rng/torch"].copy()))
         self._state = state
         self.rounds = int(meta["round"])
+        self._resident, self._host_round = None, self.rounds
         self.seed = int(meta.get("seed", self.seed))
         self.history = list(meta["history"])
         return self
@@ -440,6 +518,7 @@ class Trainer:
     def state_dict(self) -> dict[str, np.ndarray]:
         """torch names -> NumPy arrays (parameters, tied names included, and buffers): ``model.load_state_dict`` takes it
         (through ``{k: torch.from_numpy(v)}``, or directly: torch converts)."""
+        self._sync_host()
         out = {}
         for name in self.model.state_dict():
             if name in self._alias:
