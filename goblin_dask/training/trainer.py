@@ -1,15 +1,23 @@
 """``Trainer``: one verified round on the grid per optimizer step.
 
 A round is one dask graph: for each micro-batch, the joint forward+backward graph
-(:mod:`goblin_dask.training.joint`) built with ``ga`` calls, its products on volunteers
-(Freivalds-checked) and the rest placed and checked like any ga computation; then one task on
-the lab worker (:func:`goblin_dask.training.optim.lab_round`) that sums the micro-batches'
-checked gradients and steps the optimizer with torch's mathematics.  The parameters, buffers
-and optimizer state live with the lab (this process and the lab worker) as NumPy arrays; they
-enter each round's graph as lab arrays of kind ``"parameters"`` (not capped by
-``goblin.minimization.max-share``: see ``parameters-max-share``; the batches stay data).  torch is used only to trace.
-"""
+(:mod:`goblin_dask.training.joint`), then one task on the lab worker that sums the micro-batches'
+checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin_dask.training.optim`).
 
+* **Stage tasks** (``goblin.stage.tasks``, on by default, where the model fits a volunteer): each
+  micro-batch's forward and backward is one volunteer task (a ``program`` of catalog ops),
+  replicated on another volunteer; the optimizer step reads the gradients straight from the
+  tasks' packed results (:func:`optim.lab_round_packed`), and the new parameters, buffers and
+  optimizer state stay on the lab worker for the next round (:func:`goblin_dask.array.sources.resident_array`):
+  a round sends the batch and the parameters out once, and only the loss comes to this process.
+* **Op by op** otherwise (no volunteers, a model too big for one, random operators): the joint graph
+  built with ``ga`` calls, its products on volunteers (Freivalds-checked) and the rest placed and
+  checked like any ga computation (:func:`optim.lab_round`).
+
+The lab's copies (this process's and the lab worker's) are the reference; they enter each round's graph
+as lab arrays of kind ``"parameters"`` (not capped by ``goblin.minimization.max-share``: see
+``parameters-max-share``; the batches stay data).  torch is used only to trace.
+"""
 from __future__ import annotations
 
 import itertools
@@ -264,6 +272,7 @@ class Trainer:
             self._sync_host()  # this round runs op by op, from this process's copies
             params, bufs = self._model_arrays(tok)
         self._keeps_state = staged == "packed"
+        bufs0 = bufs
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
         packed, layouts = [], []
@@ -274,11 +283,13 @@ class Trainer:
             if staged == "packed":
                 stage, program = graph.stage_packed(*params, *bufs, xa[lo:hi], ya[lo:hi])
                 where = prog.layout(program.spec)
-                where = [where[k] for _, k in program.results]
+                where = [("packed", *where[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
                 packed.append(stage)
                 layouts.append(where)
                 # the next micro-batch's forward sees the running statistics so far
-                bufs = [ga.reshape(stage[a:b], shape) for a, b, shape, _ in where[1 + P:]]
+                bufs = [_cut(stage, w) if w[0] == "packed" else
+                        (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
+                        for w in where[1 + P:]]
                 continue
             with random_seed((self.seed, self.rounds, i)):
                 out = graph(*params, *bufs, xa[lo:hi], ya[lo:hi], slices=1) if staged else graph(*params, *bufs, xi, yi)
@@ -305,7 +316,7 @@ class Trainer:
             forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
             dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), list(weights), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
-                                 layouts, forms)
+                                 layouts, List(*(refs(b) for b in bufs0)), forms)
         else:
             dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
@@ -331,7 +342,15 @@ class Trainer:
         process (for a checkpoint, :meth:`state_dict`, or a round that runs op by op)."""
         if self._resident is None or self._host_round == self.rounds:
             return
-        self._take(self._resident.result())
+        try:
+            out = self._resident.result()
+        except Exception as e:
+            raise RuntimeError(
+                f"the lab worker kept the parameters of rounds {self._host_round + 1} to {self.rounds} and they are gone "
+                f"({type(e).__name__}: {e}); this process holds round {self._host_round}'s.  Take the model "
+                "(state_dict, save, or fit's end) while the lab node runs, or resume from a checkpoint "
+                "(checkpoint_every)") from e
+        self._take(out)
 
     def _take(self, out: dict) -> None:
         for k, v in zip(self.param_names, out["params"]):
@@ -363,7 +382,10 @@ class Trainer:
             program = graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape])
             if program is None:
                 return False
-            packed = packed and all(kind == "packed" for kind, _ in program.results)
+            # an output that is one of the parameters or buffers as they came in (a buffer the pass leaves as it
+            # is), or a literal, the step resolves itself; anything else is cut by the lab op by op
+            inputs = len(params) + len(bufs)
+            packed = packed and all(kind != "input" or v < inputs for kind, v in program.results)
         return "packed" if packed else True
 
     def _client(self) -> Any:
@@ -375,7 +397,11 @@ class Trainer:
 
     def step(self, x: Any, y: Any) -> float:
         """One round on NumPy inputs: forward+backward of every micro-batch on the grid, checked; the
-        optimizer step at the lab.  Returns the batch's mean loss (before the step)."""
+        optimizer step at the lab.  Returns the batch's mean loss (before the step).
+
+        A round of stage tasks leaves the new parameters, buffers and optimizer state on the lab worker
+        (the next round reads them there); :meth:`state_dict`, :meth:`save` and the end of :meth:`fit`
+        bring them here.  Take them before the lab node closes."""
         from dask._task_spec import Task, TaskRef
 
         before = self._report()
@@ -502,6 +528,7 @@ class Trainer:
                 _progress_line(self.history[-1], done, total)
         if progress:
             print(file=sys.stderr, flush=True)
+        self._sync_host()  # the trained model here, whatever becomes of the lab node
         return self.history
 
     def _report(self) -> dict | None:
@@ -533,6 +560,15 @@ class Trainer:
 
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.state_dict().items()})
         return model
+
+
+def _cut(packed: Any, where: tuple) -> Any:
+    """Output ``("packed", start, stop, shape, dtype)`` of a stage task's packed result, as a ga array."""
+    import goblin_dask.array as ga
+
+    _, start, stop, shape, dtype = where
+    piece = ga.reshape(packed[start:stop], shape)
+    return piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype))
 
 
 def _parameters(v: np.ndarray) -> Any:
