@@ -51,7 +51,7 @@ from dask._task_spec import Alias, Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from goblin_dask import settings
-from goblin_dask.array.sources import KINDS, carries_lab_data, combined_kind, lab_block, read_block, share_cap
+from goblin_dask.array.sources import KINDS, carries_lab_data, combined_kind, lab_block, lab_value, read_block, share_cap
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import accept, is_unverified_key
@@ -283,7 +283,7 @@ class ExposurePlugin(SchedulerPlugin):
             return lin
         if isinstance(spec, Alias):
             return self.lineage.get(spec.target, ())
-        if isinstance(spec, Task) and spec.func in (lab_block, read_block):
+        if isinstance(spec, Task) and spec.func in (lab_block, lab_value, read_block):
             where = spec.kwargs.get("lab_array")
             if where is None:
                 return ()

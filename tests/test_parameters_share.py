@@ -145,7 +145,9 @@ def test_parameters_max_share_caps_the_weights_again():
 @pytest.mark.slow
 def test_a_trainer_lm_round_sends_products_to_volunteers_with_default_settings():
     """The issue-18 case at a test's size: embedding tables over ``small-array`` carry into the residual
-    stream; with the parameters uncapped the products are tiled for the volunteers, not kept on the lab."""
+    stream; with the parameters uncapped the products are tiled for the volunteers, not kept on the lab.
+    Op by op (stage tasks off): a round of stage tasks sends each micro-batch whole to a volunteer, and with
+    the parameters capped it runs op by op (``tests/test_stage_tasks.py``)."""
     torch = pytest.importorskip("torch")
     import copy
 
@@ -166,7 +168,7 @@ def test_a_trainer_lm_round_sends_products_to_volunteers_with_default_settings()
         batches.append((ids[:, :-1].copy(), ids[:, 1:].copy()))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.1)
-    with LabNode.local(volunteers=2) as node:
+    with LabNode.local(volunteers=2) as node, dask.config.set({"goblin.stage.tasks": False}):
         trainer = Trainer(model, lm_loss, opt, micro_batches=2, client=node.client)
         with dask.config.set(CAPPED):
             capped = _volunteer_products(trainer.round_graph(*batches[0])[0])

@@ -213,6 +213,120 @@ def test_a_training_round_is_one_stage_task_per_micro_batch(stage_grid):
         assert v["tasks"] == 8 and v["rejected"] == 0 and v["by_method"] == {"replica": 8}, v
 
 
+def _parameter_numbers_in(dsk, at_least):
+    """The shapes of the arrays of at least ``at_least`` elements that ride in a graph's tasks (literals, not
+    references)."""
+    from dask._task_spec import DataNode
+
+    found = []
+
+    def walk(v):
+        if isinstance(v, np.ndarray) and v.size >= at_least:
+            found.append(v.shape)
+        elif isinstance(v, (list, tuple)):
+            for e in v:
+                walk(e)
+        elif isinstance(v, dict):
+            for e in v.values():
+                walk(e)
+        elif isinstance(v, DataNode):
+            walk(v.value)
+        elif hasattr(v, "args") and hasattr(v, "kwargs"):
+            walk(v.args)
+            walk(v.kwargs)
+
+    for t in dsk.values():
+        walk(t)
+    return found
+
+
+def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):
+    """After a staged round the next round's graph carries no parameter or optimizer-state numbers (they are
+    the lab worker's, read there by reference); the optimizer step reads the packed results in one task;
+    a checkpoint written from the lab worker's copy resumes into torch's next round."""
+    from goblin_dask.array.sources import lab_value
+    from goblin_dask.training import Trainer, optim
+
+    torch.manual_seed(5)
+    model = gpt(64, 32, 2, 16, 2).train()
+    ref = copy.deepcopy(model)
+    # SGD with momentum: its state (the momentum buffers) stays on the lab worker too.  (Not Adam here: the
+    # gradient of a key bias is rounding noise, softmax being blind to it, and Adam scales noise up to lr.)
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)  # noqa: E731
+    trainer = Trainer(model, lm_loss, make(model), micro_batches=2, client=stage_grid.client)
+    opt = make(ref)
+    batches = [_batch(rows=8, seed=40 + r) for r in range(3)]
+    trainer.step(*batches[0])
+    _torch_round(ref, opt, *batches[0], 2)
+    dsk, key = trainer.round_graph(*batches[1])
+    assert dsk[key].func is optim.lab_round_packed
+    x_shape = batches[1][0].shape  # the batch rides in the graph (as x and y); no parameter of this shape
+    assert set(_parameter_numbers_in(dsk, 2)) <= {x_shape}
+    assert all(tuple(p.shape) != x_shape for p in model.parameters())
+    blocks = [t for t in dsk.values() if getattr(t, "func", None) is lab_value]
+    assert len(blocks) == len(trainer.param_names) + len(trainer.buffer_names)
+    assert trainer.step(*batches[1]) == pytest.approx(_torch_round(ref, opt, *batches[1], 2), rel=1e-4)
+    path = trainer.save(tmp_path)  # from the lab worker's copy
+    again = copy.deepcopy(model)
+    resumed = Trainer.resume(path, again, lm_loss, make(again), micro_batches=2, client=stage_grid.client)
+    assert resumed.step(*batches[2]) == pytest.approx(_torch_round(ref, opt, *batches[2], 2), rel=1e-4)
+    state = resumed.state_dict()
+    for k, v in ref.state_dict().items():
+        if v.dtype.is_floating_point:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+
+
+def test_batchnorm_statistics_pass_from_stage_task_to_stage_task(stage_grid):
+    """A CNN with BatchNorm in train mode: each micro-batch's stage task reads the running statistics the one
+    before it wrote; the parameters and the statistics after two rounds are torch's."""
+    from torch import nn
+
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 5)).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                      micro_batches=2, client=stage_grid.client)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        x, y = rng.standard_normal((8, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 8)
+        opt.zero_grad()
+        want = 0.0
+        for idx in np.array_split(np.arange(8), 2):
+            loss = F.cross_entropy(ref(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])) * (len(idx) / 8)
+            loss.backward()
+            want += float(loss)
+        opt.step()
+        assert trainer.step(x, y) == pytest.approx(want, rel=1e-4)
+        assert trainer.history[-1]["verification"]["by_method"] == {"replica": 4}
+    state = trainer.state_dict()
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+
+
+def test_a_model_whose_parameters_are_capped_per_task_runs_op_by_op(stage_grid):
+    """``goblin.minimization.parameters-max-share`` set: no volunteer task may hold a whole parameter, so no
+    stage task (which holds them all) is built; the round runs op by op and still gives torch's numbers."""
+    import dask
+
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(8)
+    model = gpt(64, 32, 2, 16, 2).train()  # its token embedding (2048 elements) over small-array's 1024 below
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2,
+                      client=stage_grid.client)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = _batch(rows=8, seed=50)
+    with dask.config.set({"goblin.minimization.parameters-max-share": 0.5, "goblin.minimization.small-array": 1024}):
+        dsk, _ = trainer.round_graph(x, y)
+        assert not any(isinstance(t, CatalogTask) and t.op.name == "program" for t in dsk.values())
+        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 2), rel=1e-4)
+
+
 def test_honest_volunteers_on_another_blas_kernel_are_never_rejected():
     from goblin_dask.node.local import LabNode
 

@@ -61,11 +61,12 @@ def assert_same_training(trainer, losses, ref_model, ref_losses, tol):
 
 
 def assert_checked_on_volunteers(history):
-    """Every round: volunteer results accepted by the lab's checks, products by Freivalds, none rejected."""
+    """Every round: volunteer results accepted by the lab's checks, none rejected; products by Freivalds when
+    the round runs op by op, stage tasks (a micro-batch's forward and backward) by replicas."""
     for h in history:
         v = h["verification"]
         assert v["rejected"] == 0 and v["accepted"] > 0
-        assert v["by_method"].get("freivalds", 0) > 0
+        assert v["by_method"].get("freivalds", 0) + v["by_method"].get("replica", 0) > 0
         assert h["seconds"] > 0
 
 
@@ -275,6 +276,7 @@ def test_a_volunteer_killed_in_the_middle_of_a_round_the_round_completes_right()
             assert not errors, errors
             assert in_flight, "round 2 finished before the volunteer could be killed"
             trainer.step(*batches[2])
+        trainer.state_dict()  # while the lab worker that kept the last round's parameters is there
     ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
     assert_same_training(trainer, [h["loss"] for h in trainer.history], ref, ref_losses, 1e-4)
     assert all(h["verification"]["rejected"] == 0 for h in trainer.history)
@@ -487,7 +489,8 @@ def test_the_round_is_one_graph_ending_at_the_lab():
     trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2)
     x = np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32)
     y = np.arange(6, dtype=np.int64) % 3
-    dsk, key = trainer.round_graph(x, y)
+    with dask.config.set({"goblin.stage.tasks": False}):  # op by op, even where a lab node from another test is around
+        dsk, key = trainer.round_graph(x, y)
     others = [k for k, t in dsk.items() if isinstance(t, Task) and not isinstance(t, CatalogTask) and
               getattr(t.func, "__module__", "").startswith("goblin_dask.training")]
     assert others == [key]

@@ -262,8 +262,10 @@ def task(program: Program, operands: Sequence[Any], *tokens: Any) -> tuple[Any, 
     return key, layer
 
 
-def call(program: Program, *inputs: Any) -> list[Any]:
-    """The traced function's results for ``inputs`` (ga arrays or NumPy), computed as one program task."""
+def call_packed(program: Program, *inputs: Any) -> tuple[Array, list[Array]]:
+    """The program's task on ``inputs`` (ga arrays or NumPy): its packed result as a one-block ga array, and
+    the inputs as the one-block arrays it reads.  For a caller that cuts the outputs itself (a training
+    round's optimizer step reads its gradients straight from the packed results)."""
     import goblin_dask.array as ga
 
     if len(inputs) != len(program.inputs):
@@ -279,8 +281,25 @@ def call(program: Program, *inputs: Any) -> list[Any]:
     spec = program.spec
     key, layer = task(program, [TaskRef(single_key(a)) for a in arrays], *(a.name for a in arrays))
     total = sum(math.prod(shape) for _, shape, _ in spec[3])
-    packed = from_graph(key[0], layer, ((total,),), np.dtype(spec[4]), dependencies=arrays)
-    offsets = list(itertools.accumulate((math.prod(shape) for _, shape, _ in spec[3]), initial=0))
+    return from_graph(key[0], layer, ((total,),), np.dtype(spec[4]), dependencies=arrays), arrays
+
+
+def layout(spec: tuple) -> list[tuple[int, int, tuple[int, ...], str]]:
+    """Where each output lies in a program's packed result: ``(start, stop, shape, dtype)``."""
+    out, at = [], 0
+    for _, shape, dtype in spec[3]:
+        n = math.prod(shape)
+        out.append((at, at + n, tuple(shape), dtype))
+        at += n
+    return out
+
+
+def call(program: Program, *inputs: Any) -> list[Any]:
+    """The traced function's results for ``inputs`` (ga arrays or NumPy), computed as one program task."""
+    import goblin_dask.array as ga
+
+    packed, arrays = call_packed(program, *inputs)
+    where = layout(program.spec)
     out = []
     for kind, v in program.results:
         if kind == "input":
@@ -288,17 +307,13 @@ def call(program: Program, *inputs: Any) -> list[Any]:
         elif kind == "literal":
             out.append(v)
         else:
-            _, shape, dtype = spec[3][v]
-            piece = ga.reshape(packed[offsets[v]:offsets[v + 1]], shape)
+            start, stop, shape, dtype = where[v]
+            piece = ga.reshape(packed[start:stop], shape)
             out.append(piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype)))
     return out
 
 
 def unpack(packed: np.ndarray, spec: tuple) -> list[np.ndarray]:
     """A program's packed result as its outputs (views where the dtype is the result's)."""
-    out, at = [], 0
-    for _, shape, dtype in spec[3]:
-        n = math.prod(shape)
-        out.append(np.asarray(packed[at:at + n]).reshape(shape).astype(np.dtype(dtype), copy=False))
-        at += n
-    return out
+    return [np.asarray(packed[start:stop]).reshape(shape).astype(np.dtype(dtype), copy=False)
+            for start, stop, shape, dtype in layout(spec)]

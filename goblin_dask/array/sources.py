@@ -75,6 +75,35 @@ def lab_block(data: np.ndarray, lab_array: tuple | None = None, index: tuple | N
     return data if index is None else data[index]
 
 
+def lab_value(result: Any, path: tuple, lab_array: tuple | None = None) -> np.ndarray:
+    """Lab worker: the array at ``path`` in an earlier lab task's result (``result[path[0]][path[1]]...``;
+    ``lab_array`` is for the scheduler): numbers that stay on the lab worker between computations, a
+    model's parameters between training rounds, instead of travelling to the researcher and back."""
+    for step in path:
+        result = result[step]
+    return result
+
+
+def resident_array(result: Any, path: tuple, shape: tuple, dtype: Any, token: Any, kind: str = "data") -> Any:
+    """The array at ``path`` in the lab worker's ``result`` (a Future of an earlier lab task), as a one-block
+    lab array of ``kind`` (:data:`KINDS`), named by ``token`` (its exposure is counted as any lab array's)."""
+    from goblin_dask.array.core import from_graph
+    from goblin_dask.array.keys import block_key, new_name
+
+    if kind not in KINDS:
+        raise ValueError(f"resident_array: kind {kind!r}: one of {', '.join(KINDS)}")
+    shape = tuple(int(n) for n in shape)
+    name = new_name("source", "resident", token, path)
+    aid = "r" + name.rsplit("-", 1)[-1][:15]
+    tail = () if kind == "data" else (kind,)
+    where = (aid, shape, tuple((0, n) for n in shape), *tail)
+    key = block_key(name, (0,) * len(shape))
+    out = from_graph(name, {key: Task(key, lab_value, result, tuple(path), lab_array=where)},
+                     tuple((n,) for n in shape), np.dtype(dtype))
+    out.dask.layers[name].collection_annotations = {LAB_ARRAY: (aid, math.prod(shape), *tail)}
+    return out
+
+
 def content_hash(x: np.ndarray) -> str:
     """32 hex digits naming ``x``'s content: its bytes, dtype, shape and memory order.
 

@@ -7,6 +7,7 @@ this module imports ``distributed``'s worker: only the lab worker's process does
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -85,6 +86,11 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     # It holds the only accepted copy of every result and runs every check: pausing it when
     # memory is high would stall the grid for good (volunteers cannot take its data).
     dask.config.set({"distributed.worker.memory.pause": False})
+    # No sampling profiler unless the admin asks for one (DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True):
+    # it walks every thread's stack 100 times a second, about 5 % of this process's CPU under a training
+    # round, and this process's CPU bounds how fast the grid goes.
+    if "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED" not in os.environ:
+        dask.config.set({"distributed.worker.profile.enabled": False})
     # One BLAS thread per task thread, as dask's nanny sets for its workers: checks run side by
     # side, and their CPU time is the calling thread's (the ledger's check_cpu).
     import numpy  # noqa: F401  (loads its BLAS, so that the limit reaches it)

@@ -358,6 +358,21 @@ class CatalogTask(Task):
     def copy(self) -> "CatalogTask":
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, **self.kwargs)
 
+    def _get_token(self) -> str:
+        """dask's token of the task (it names the graph a client submits); a stage program's steps are
+        tokenized once per program object (:func:`goblin_dask.ops.program.program_token`), not again for
+        every task that carries the program."""
+        program = self.kwargs.get("program")
+        if self._token or type(program) is not tuple:
+            return super()._get_token()
+        from dask.base import tokenize
+
+        from goblin_dask.ops.program import program_token
+
+        rest = {k: v for k, v in self.kwargs.items() if k != "program"}
+        self._token = tokenize((type(self).__name__, self.func, self.args, rest, program_token(program)))
+        return self._token
+
 
 def lab_chain(*_: Any) -> Any:
     """The callable a :class:`LabChain` names (task streams, reprs); the chain runs its steps itself."""

@@ -156,8 +156,9 @@ class Graph:
     def _trace_ops(self) -> frozenset[str]:
         example = [np.zeros(i.get("example") or [2 if isinstance(s, str) else s for s in i["shape"]], dtype=i["dtype"])
                    for i in self.inputs]
-        out = self(*example)
-        outs = out if isinstance(out, tuple) else (out,)
+        import goblin_dask.array as ga
+
+        outs = [ga.from_array(r) if isinstance(r, np.ndarray) else r for r in self._op_by_op(self._inputs(example))]
         return frozenset(_catalog_ops(outs)) | self._fold_ops  # the folded nodes' ops ran once, at the lab
 
     # -- running -------------------------------------------------------------------------------
@@ -231,16 +232,17 @@ class Graph:
 
         env = self._inputs(args)
         staged = self._staged(env, slices)
-        if staged is not None:
-            results = staged
-        else:
-            for name in self.constant_specs:
-                env[name] = _LazyConstant(self, name)
-            for name in self._folded():
-                env[name] = _LazyConstant(self, name)
-            results = self._evaluate(env)
+        results = staged if staged is not None else self._op_by_op(env)
         results = tuple(ga.from_array(r) if isinstance(r, np.ndarray) else r for r in results)
         return results[0] if self.single else results
+
+    def _op_by_op(self, env: dict[str, Any]) -> tuple:
+        """The outputs for the inputs in ``env``, each node its own catalog tasks."""
+        for name in self.constant_specs:
+            env[name] = _LazyConstant(self, name)
+        for name in self._folded():
+            env[name] = _LazyConstant(self, name)
+        return self._evaluate(env)
 
     def _inputs(self, args: Sequence[Any]) -> dict[str, Any]:
         """The call's inputs by name, checked against the captured dtypes and shapes."""
@@ -326,6 +328,23 @@ class Graph:
         from goblin_dask.torch_capture import aten
 
         return any("random" in aten.TABLE[n["op"]].needs for n in self.nodes)
+
+    def stage_packed(self, *args: Any) -> tuple[Any, Any] | None:
+        """The whole call as one stage task, the batch uncut: ``(packed, program)``, its packed result (a
+        one-block ga array, outputs cut by :func:`goblin_dask.array.program.layout`) and its program; None
+        where the call would run op by op (:func:`stage_slices`, :meth:`stage_program`)."""
+        from goblin_dask.array import program as prog
+
+        env = self._inputs(args)
+        if not stage_slices(self, env, 1):
+            return None
+        inputs = [x.array() if isinstance(x, _LazyConstant) else x for x in (env[i["name"]] for i in self.inputs)]
+        program = self.stage_program([x.shape for x in inputs])
+        if program is None:
+            return None
+        lab = [self._constant(k) for k in self._stage_names()[len(self.inputs):]]
+        packed, _ = prog.call_packed(program, *inputs, *lab)
+        return packed, program
 
     def _staged(self, env: dict[str, Any], slices: int | None = None) -> tuple | None:
         """The outputs as stage tasks, one per slice of the batch (:func:`stage_slices`), or None: op by op."""
@@ -470,8 +489,9 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
 
     Stage tasks need a lab node with volunteers (``goblin.stage.tasks``, on by default) and a model
     whose arrays besides the batch (constants, and inputs with no batch axis: a Trainer's parameters)
-    fit ``goblin.stage.memory-fraction`` of the smallest volunteer thread's memory; a larger model
-    runs op by op, its products cut into tiles.  ``slices`` given: that many.  Else one task per
+    fit ``goblin.stage.memory-fraction`` of the smallest volunteer thread's memory, none of them over
+    ``goblin.minimization.parameters-max-share``'s cap; a larger model runs op by op, its products cut
+    into tiles.  ``slices`` given: that many.  Else one task per
     volunteer thread, at most one per batch row, at least ``1 / max-share`` when an input is capped
     lab data, so that no task holds more of it than a product tile would."""
     from goblin_dask import settings
@@ -493,6 +513,11 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
                     for s, b, i in zip(shapes, batched, graph.inputs) if not b)
     memory, _ = volunteer_capacity()
     if resident > memory * float(settings.get("goblin.stage.memory-fraction")):
+        return 0
+    # a stage task holds every parameter whole: not where goblin.minimization.parameters-max-share caps them
+    lab = [graph._constant_value(k).size for k in graph._stage_names()[len(graph.inputs):]]
+    lab += [int(np.prod(s)) for s, b in zip(shapes, batched) if not b]
+    if any(share_cap(n, "parameters") is not None for n in lab):
         return 0
     if slices is not None:
         return int(slices)

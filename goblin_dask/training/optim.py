@@ -91,3 +91,39 @@ def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict
     loss = float(sum(w * float(_assemble(l)) for w, l in zip(weights, losses)))
     return {"params": new_params, "state": new_state, "loss": loss,
             "buffers": [_assemble(b) for b in buffers]}
+
+
+def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
+                     packed: Sequence[np.ndarray], layouts: Sequence[Sequence[tuple]], buffers: Sequence[Any],
+                     buffer_forms: Sequence[tuple]) -> dict:
+    """:func:`lab_round` on stage tasks' packed results, cut here in one task instead of one task per output.
+
+    ``layouts[i]``: micro-batch ``i``'s loss, gradients and buffers, in that order, each
+    ``("packed", start, stop, shape, dtype)`` (a view of ``packed[i]``), ``("input", j)`` (the pass's
+    ``j``-th input as it came in: the parameters, then the buffers that micro-batch read) or
+    ``("literal", value)``.  ``buffers``: the round's buffers as they came in; they come back in
+    ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
+    params = [_assemble(p) for p in params]
+    current = [_assemble(b) for b in buffers]
+    n, outs = len(params), []
+    for p, where in zip(packed, layouts):
+        out = []
+        for w in where:
+            if w[0] == "packed":
+                _, a, b, shape, dt = w
+                out.append(np.asarray(p[a:b]).reshape(shape).astype(np.dtype(dt), copy=False))
+            elif w[0] == "input":
+                out.append((params + current)[w[1]])
+            else:
+                out.append(np.asarray(w[1]))
+        current = out[1 + n:]
+        outs.append(out)
+    out = lab_round(hyper, params, state, weights, [o[0] for o in outs], [o[1:1 + n] for o in outs], current)
+    out["buffers"] = [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(out["buffers"], buffer_forms)]
+    return out
+
+
+def field(result: dict, name: str) -> Any:
+    """One entry of a round's result (a task on the lab worker: the loss for the researcher, the optimizer
+    state for the next round), the rest staying where it is."""
+    return result[name]

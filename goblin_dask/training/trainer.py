@@ -1,17 +1,26 @@
 """``Trainer``: one verified round on the grid per optimizer step.
 
 A round is one dask graph: for each micro-batch, the joint forward+backward graph
-(:mod:`goblin_dask.training.joint`) built with ``ga`` calls, its products on volunteers
-(Freivalds-checked) and the rest placed and checked like any ga computation; then one task on
-the lab worker (:func:`goblin_dask.training.optim.lab_round`) that sums the micro-batches'
-checked gradients and steps the optimizer with torch's mathematics.  The parameters, buffers
-and optimizer state live with the lab (this process and the lab worker) as NumPy arrays; they
-enter each round's graph as lab arrays of kind ``"parameters"`` (not capped by
-``goblin.minimization.max-share``: see ``parameters-max-share``; the batches stay data).  torch is used only to trace.
-"""
+(:mod:`goblin_dask.training.joint`), then one task on the lab worker that sums the micro-batches'
+checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin_dask.training.optim`).
 
+* **Stage tasks** (``goblin.stage.tasks``, on by default, where the model fits a volunteer): each
+  micro-batch's forward and backward is one volunteer task (a ``program`` of catalog ops),
+  replicated on another volunteer; the optimizer step reads the gradients straight from the
+  tasks' packed results (:func:`optim.lab_round_packed`), and the new parameters, buffers and
+  optimizer state stay on the lab worker for the next round (:func:`goblin_dask.array.sources.resident_array`):
+  a round sends the batch and the parameters out once, and only the loss comes to this process.
+* **Op by op** otherwise (no volunteers, a model too big for one, random operators): the joint graph
+  built with ``ga`` calls, its products on volunteers (Freivalds-checked) and the rest placed and
+  checked like any ga computation (:func:`optim.lab_round`).
+
+The lab's copies (this process's and the lab worker's) are the reference; they enter each round's graph
+as lab arrays of kind ``"parameters"`` (not capped by ``goblin.minimization.max-share``: see
+``parameters-max-share``; the batches stay data).  torch is used only to trace.
+"""
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +32,7 @@ import numpy as np
 from goblin_dask.training import optim
 
 _SUPPORTED = ("SGD", "Adam", "AdamW")
+_ROUND_GRAPHS = itertools.count()
 
 
 @dataclass
@@ -158,6 +168,12 @@ class Trainer:
         self._joint: dict[tuple, Any] = {}
         self.history: list[dict] = []
         self.rounds = 0
+        #: the Future of the lab worker's result of the last round that kept its parameters, buffers and
+        #: optimizer state there (:meth:`_sync_host` brings them here), or None
+        self._resident: Any = None
+        #: the round the arrays in this process are of (behind ``rounds`` while the lab worker holds newer ones)
+        self._host_round = 0
+        self._keeps_state = False
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every or 0)
         if self.checkpoint_every and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint_dir (e.g. the lab node's state dir)")
@@ -237,32 +253,51 @@ class Trainer:
         from dask.base import tokenize
         from dask.highlevelgraph import HighLevelGraph
 
+        from goblin_dask.array import program as prog
         from goblin_dask.array.graph import optimize
         from goblin_dask.torch_capture.aten import random_seed
 
         n = x.shape[0]
         parts = np.array_split(np.arange(n), self.micro_batches)
         weights = [len(p) / n for p in parts]
+        tok = tokenize(self.seed, self.rounds, id(self), next(_ROUND_GRAPHS))  # new keys for every graph built
+        hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
         # the model's own arrays, not the lab's data: capped by goblin.minimization.parameters-max-share
         # (x and y stay data; the optimizer state never leaves the lab worker's step)
-        params = [_parameters(self._params[k]) for k in self.param_names]
-        bufs = [_parameters(self._buffers[k]) for k in self.buffer_names]
+        params, bufs = self._model_arrays(tok)
         losses, grads = [], []
         P = len(params)
         staged = self._staged(x, y, parts, params, bufs)
+        if self._resident is not None and staged != "packed":
+            self._sync_host()  # this round runs op by op, from this process's copies
+            params, bufs = self._model_arrays(tok)
+        self._keeps_state = staged == "packed"
+        bufs0 = bufs
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
+        packed, layouts = [], []
         for i, idx in enumerate(parts):
             lo, hi = idx[0], idx[-1] + 1
             xi, yi = x[lo:hi], y[lo:hi]
             graph = self._graph_for(xi, yi)
+            if staged == "packed":
+                stage, program = graph.stage_packed(*params, *bufs, xa[lo:hi], ya[lo:hi])
+                where = prog.layout(program.spec)
+                where = [("packed", *where[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
+                packed.append(stage)
+                layouts.append(where)
+                # the next micro-batch's forward sees the running statistics so far
+                bufs = [_cut(stage, w) if w[0] == "packed" else
+                        (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
+                        for w in where[1 + P:]]
+                continue
             with random_seed((self.seed, self.rounds, i)):
                 out = graph(*params, *bufs, xa[lo:hi], ya[lo:hi], slices=1) if staged else graph(*params, *bufs, xi, yi)
             out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
             losses.append(out[0])
             grads.append(out[1:1 + P])
             bufs = out[1 + P:]  # the next micro-batch's forward sees the running statistics so far
-        arrays = [*params, *losses, *(g for gs in grads for g in gs), *bufs]
+        arrays = [*params, *packed, *losses, *(g for gs in grads for g in gs), *bufs]
         # one merge: each array's graph holds most of the others' (a dict per array cost seconds per round)
         dsk = dict(HighLevelGraph.merge(*(a.__dask_graph__() for a in arrays)).to_dict())
         dsk = optimize(dsk, [a.__dask_keys__() for a in arrays])
@@ -272,24 +307,71 @@ class Trainer:
                 return List(*(nest(e) for e in k)) if isinstance(k, list) else TaskRef(k)
             return nest(a.__dask_keys__())
 
-        tok = tokenize(self.rounds, [a.name for a in arrays])
-        hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
         dsk[hyper_key] = DataNode(hyper_key, self._hyperparameters())
-        dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
-        dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
-                             TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
-                             List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
+        if self._resident is not None:  # the state the lab worker kept from the last round
+            dsk[state_key] = Task(state_key, optim.field, self._resident, "state")
+        else:
+            dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
+        if staged == "packed":
+            forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
+            dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
+                                 TaskRef(state_key), list(weights), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
+                                 layouts, List(*(refs(b) for b in bufs0)), forms)
+        else:
+            dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
+                                 TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
+                                 List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
         return dsk, step_key
 
-    def _staged(self, x: np.ndarray, y: np.ndarray, parts: list, params: list, bufs: list) -> bool:
+    def _model_arrays(self, tok: str) -> tuple[list, list]:
+        """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
+        (no upload), or this process's copies as lab arrays."""
+        if self._resident is None or self._host_round == self.rounds:
+            return ([_parameters(self._params[k]) for k in self.param_names],
+                    [_parameters(self._buffers[k]) for k in self.buffer_names])
+        from goblin_dask.array.sources import resident_array
+
+        def kept(what: str, host: dict, names: list) -> list:
+            return [resident_array(self._resident, (what, j), host[k].shape, host[k].dtype, (tok, what, j),
+                                   kind="parameters") for j, k in enumerate(names)]
+
+        return kept("params", self._params, self.param_names), kept("buffers", self._buffers, self.buffer_names)
+
+    def _sync_host(self) -> None:
+        """Bring the parameters, buffers and optimizer state the lab worker kept from the last round into this
+        process (for a checkpoint, :meth:`state_dict`, or a round that runs op by op)."""
+        if self._resident is None or self._host_round == self.rounds:
+            return
+        try:
+            out = self._resident.result()
+        except Exception as e:
+            raise RuntimeError(
+                f"the lab worker kept the parameters of rounds {self._host_round + 1} to {self.rounds} and they are gone "
+                f"({type(e).__name__}: {e}); this process holds round {self._host_round}'s.  Take the model "
+                "(state_dict, save, or fit's end) while the lab node runs, or resume from a checkpoint "
+                "(checkpoint_every)") from e
+        self._take(out)
+
+    def _take(self, out: dict) -> None:
+        for k, v in zip(self.param_names, out["params"]):
+            self._params[k] = v
+        for k, v in zip(self.buffer_names, out["buffers"]):
+            self._buffers[k] = np.asarray(v, dtype=self._buffers[k].dtype).reshape(self._buffers[k].shape)
+        self._state = out["state"]
+        self._host_round = self.rounds
+
+    def _staged(self, x: np.ndarray, y: np.ndarray, parts: list, params: list, bufs: list) -> str | bool:
         """Does each micro-batch run as one stage task (its forward and backward on one volunteer, replicated
         on another), rather than op by op?  Where ``goblin.stage.tasks`` is on, the lab node has volunteers,
         the model's arrays fit ``goblin.stage.memory-fraction`` of a volunteer thread's memory, the whole model
-        is one stage of the plan, and its joint graph traces to a program (no random operator)."""
+        is one stage of the plan, and its joint graph traces to a program (no random operator).  ``"packed"``:
+        every output is the program's own, so the optimizer step reads them from the packed results and the
+        round's parameters and state stay on the lab worker."""
         from goblin_dask.torch_capture.graph import _LazyConstant, stage_slices
 
         if len(self.plan.stages) != 1:
             return False
+        packed = True
         for idx in {(len(p),) for p in parts}:
             lo, hi = 0, idx[0]
             graph = self._graph_for(x[lo:hi], y[lo:hi])
@@ -297,9 +379,14 @@ class Trainer:
                            [*params, *bufs, _LazyConstant(None, "x", x[lo:hi]), _LazyConstant(None, "y", y[lo:hi])]))
             if not stage_slices(graph, env, 1):
                 return False
-            if graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape]) is None:
+            program = graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape])
+            if program is None:
                 return False
-        return True
+            # an output that is one of the parameters or buffers as they came in (a buffer the pass leaves as it
+            # is), or a literal, the step resolves itself; anything else is cut by the lab op by op
+            inputs = len(params) + len(bufs)
+            packed = packed and all(kind != "input" or v < inputs for kind, v in program.results)
+        return "packed" if packed else True
 
     def _client(self) -> Any:
         if self.client is None:
@@ -310,24 +397,38 @@ class Trainer:
 
     def step(self, x: Any, y: Any) -> float:
         """One round on NumPy inputs: forward+backward of every micro-batch on the grid, checked; the
-        optimizer step at the lab.  Returns the batch's mean loss (before the step)."""
+        optimizer step at the lab.  Returns the batch's mean loss (before the step).
+
+        A round of stage tasks leaves the new parameters, buffers and optimizer state on the lab worker
+        (the next round reads them there); :meth:`state_dict`, :meth:`save` and the end of :meth:`fit`
+        bring them here.  Take them before the lab node closes."""
+        from dask._task_spec import Task, TaskRef
+
         before = self._report()
         t0 = time.perf_counter()
         dsk, key = self.round_graph(x, y)
-        out = self._client().get(dsk, key)
+        client = self._client()
+        if self._keeps_state:  # the lab worker keeps the round's result; only the loss comes here
+            loss_key = key.replace("train-step-", "train-loss-", 1)
+            dsk[loss_key] = Task(loss_key, optim.field, TaskRef(key), "loss")
+            result, loss = client.get(dsk, [key, loss_key], sync=False)
+            loss = float(loss.result())
+            self._resident = result
+        else:
+            out = client.get(dsk, key)
+            self._resident = None
+            self._take(out)
+            loss = out["loss"]
         seconds = time.perf_counter() - t0
-        for k, v in zip(self.param_names, out["params"]):
-            self._params[k] = v
-        for k, v in zip(self.buffer_names, out["buffers"]):
-            self._buffers[k] = np.asarray(v, dtype=self._buffers[k].dtype).reshape(self._buffers[k].shape)
-        self._state = out["state"]
         self.rounds += 1
-        self.history.append({"round": self.rounds, "loss": out["loss"], "seconds": seconds,
+        if not self._keeps_state:
+            self._host_round = self.rounds
+        self.history.append({"round": self.rounds, "loss": loss, "seconds": seconds,
                              "verification": _delta(before, self._report())})
         _post_round(self)  # the lab's page shows the run (numbers only)
         if self.checkpoint_every and self.rounds % self.checkpoint_every == 0:
             self.save(self.checkpoint_dir)
-        return out["loss"]
+        return loss
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -340,6 +441,8 @@ class Trainer:
         import shutil
 
         import torch
+
+        self._sync_host()
 
         root = os.fspath(directory)
         os.makedirs(root, exist_ok=True)
@@ -405,6 +508,7 @@ class Trainer:
             torch.set_rng_state(torch.from_numpy(z["rng/torch"].copy()))
         self._state = state
         self.rounds = int(meta["round"])
+        self._resident, self._host_round = None, self.rounds
         self.seed = int(meta.get("seed", self.seed))
         self.history = list(meta["history"])
         return self
@@ -424,6 +528,7 @@ class Trainer:
                 _progress_line(self.history[-1], done, total)
         if progress and sys.stderr.isatty():  # end the redrawn line
             print(file=sys.stderr, flush=True)
+        self._sync_host()  # the trained model here, whatever becomes of the lab node
         return self.history
 
     def _report(self) -> dict | None:
@@ -440,6 +545,7 @@ class Trainer:
     def state_dict(self) -> dict[str, np.ndarray]:
         """torch names -> NumPy arrays (parameters, tied names included, and buffers): ``model.load_state_dict`` takes it
         (through ``{k: torch.from_numpy(v)}``, or directly: torch converts)."""
+        self._sync_host()
         out = {}
         for name in self.model.state_dict():
             if name in self._alias:
@@ -454,6 +560,15 @@ class Trainer:
 
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.state_dict().items()})
         return model
+
+
+def _cut(packed: Any, where: tuple) -> Any:
+    """Output ``("packed", start, stop, shape, dtype)`` of a stage task's packed result, as a ga array."""
+    import goblin_dask.array as ga
+
+    _, start, stop, shape, dtype = where
+    piece = ga.reshape(packed[start:stop], shape)
+    return piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype))
 
 
 def _parameters(v: np.ndarray) -> Any:

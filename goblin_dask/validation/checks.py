@@ -71,8 +71,12 @@ def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, G
         if isinstance(node, CatalogTask) and node.placement == "volunteer" and not is_unverified_key(key):
             raw = unverified_key(key)
             out[raw] = CatalogTask(raw, node.func, *node.args, placement="volunteer", **node.kwargs)
-            out[key] = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
-                            method=forced, refs=_refs(node.args))
+            out[key] = check = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
+                                    method=forced, refs=_refs(node.args))
+            if "program" in node.kwargs:  # its token from the stage task's own (a program is slow to tokenize)
+                from dask.base import tokenize
+
+                check._token = tokenize(("accept", out[raw]._get_token(), raw, forced, _refs(node.args)))
         else:
             out[key] = node
     return out
