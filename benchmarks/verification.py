@@ -116,9 +116,10 @@ def trust_rounds(node, n: int, chunk: int, rounds: int) -> list[dict]:
         (c0, v0), (c1, v1) = _seconds(before), _seconds(after)
         methods = {m: after["by_method"].get(m, 0) - before["by_method"].get(m, 0) for m in after["by_method"]}
         tasks = after["tasks"] - before["tasks"]
-        replicated = methods.get("replica", 0) // 2  # a replicated pair gives two verdicts
+        # a replicated pair gives two verdicts, "audit" ones where the lab drew it to recompute as well
+        replicated = (methods.get("replica", 0) + methods.get("audit", 0)) // 2
         res = {"n": n, "chunk": chunk, "wall_s": wall, "blocks": (n // chunk) ** 2, "tasks": tasks,
-               "replicated": replicated, "sampled": methods.get("sample", 0) + methods.get("recompute", 0),
+               "replicated": replicated, "audited": methods.get("audit", 0) // 2, "sampled": methods.get("sample", 0) + methods.get("recompute", 0),
                "trusted": methods.get("trusted", 0), "overhead": (v1 - v0) / (c1 - c0) if c1 > c0 else float("nan"),
                "rejected": after["rejected"] - before["rejected"],
                "trust": {name: v["trust"] for name, v in after["volunteers"].items()}}
@@ -187,12 +188,13 @@ def markdown(command: str, kernel: str, alone: dict, fgrid: dict, rgrid: dict, r
              f"Freivalds {fgrid['methods']}, replicas {rgrid['methods']}; rejected: {fgrid['rejected']}, {rgrid['rejected']}.",
              "", f"Adaptive replication as trust grows: a fresh lab node, then round after round a "
              f"{rounds[0]['n']}x{rounds[0]['n']} random array in {rounds[0]['chunk']} blocks ({rounds[0]['blocks']} "
-             "replica-method tasks generated on the volunteers; trust threshold 10).  Overhead = replicas' compute "
-             "plus the lab's comparisons and samples, over the volunteers' compute:", "",
-             "| round | blocks | replicated on the other volunteer | recomputed by the lab (sample) | accepted on trust "
-             "| overhead | rejected | trust after |", "|---|---|---|---|---|---|---|---|"]
+             "replica-method tasks generated on the volunteers; trust threshold 10; `goblin.verification."
+             "accept-on-trust: true`, which the lab must opt in to: by default every result is replicated).  Overhead = "
+             "replicas' compute plus the lab's comparisons, audits and samples, over the volunteers' compute:", "",
+             "| round | blocks | replicated on the other volunteer | of them audited by the lab | recomputed by the lab "
+             "(sample) | accepted on trust | overhead | rejected | trust after |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds):
-        lines.append(f"| {i} | {r['blocks']} | {r['replicated']} | {r['sampled']} | {r['trusted']} | {r['overhead']:.0%} "
+        lines.append(f"| {i} | {r['blocks']} | {r['replicated']} | {r['audited']} | {r['sampled']} | {r['trusted']} | {r['overhead']:.0%} "
                      f"| {r['rejected']} | {r['trust']} |")
     lines += ["", "Freivalds detection and false positives (largest element off by 1e-3 relative; "
               "suspicious = the tight test failed and the lab recomputed; rejected = honest result rejected):", "",
@@ -235,8 +237,11 @@ def main(argv=None) -> int:
             print(f"    {rgrid}", flush=True)
     finally:
         del os.environ["DASK_GOBLIN__VERIFICATION__METHOD"]
-    print("3b. adaptive replication as trust grows", flush=True)
-    with LabNode.local(volunteers=2) as node:
+    print("3b. adaptive replication as trust grows (accept-on-trust opted in)", flush=True)
+    import dask
+
+    # acceptance on trust is off by default (every result replicated); the node's processes take this config
+    with dask.config.set({"goblin.verification.accept-on-trust": True}), LabNode.local(volunteers=2) as node:
         rounds = trust_rounds(node, args.trust_n, args.trust_chunk, args.rounds)
     print("4. detection and false positives", flush=True)
     rate_rows = rates({64: 200, 256: 50, 1024: 10, 2048: 4})

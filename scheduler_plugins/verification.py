@@ -6,10 +6,19 @@ their own task metadata, read here when the scheduler accepts the check's result
 from lab workers; a check run the scheduler cancelled, because its input was lost and
 recomputed elsewhere, does not count).
 
-Trust, after BOINC's adaptive replication: a volunteer's ``trust`` is its number of
+Every replica-method result is replicated on a different volunteer, or recomputed by the
+lab when there is none.  Replica agreement alone is no proof (one person may hold both
+credentials, and they agree on whatever they return), so the lab audits: for each replica
+pair it draws, from its own random generator and never from the task, whether it recomputes
+the task itself even when the two agree (``goblin.verification.audit-rate``, 0.05).  A
+cheater who returns wrong numbers on ``k`` tasks, every one replicated by a colluder,
+escapes with probability ``(1 - audit_rate) ** k``; the draw stays on the lab (the
+volunteers never see it), so cheating on fewer tasks only lowers ``k``.
+
+Acceptance on trust is opt-in (``goblin.verification.accept-on-trust``, false), after
+BOINC's adaptive replication: a volunteer's ``trust`` is its number of
 consecutive verified results; a rejection (or a missed deadline) resets it.  Below
-``goblin.verification.trust-threshold`` (10) every replica-method result is replicated
-on a different volunteer, or recomputed by the lab when there is none; above it the
+``goblin.verification.trust-threshold`` (10) every replica-method result is replicated; above it the
 replication rate falls as ``threshold / trust`` down to ``min-replica-rate`` (0.05),
 and an unreplicated result is recomputed by the lab with probability
 ``sample-rate * threshold / trust`` (at least ``min-sample-rate``); the rest are
@@ -86,29 +95,55 @@ class VolunteerRecord:
 
 @dataclass(frozen=True)
 class TrustPolicy:
-    """How much checking a volunteer's replica-method results get, by trust (``goblin.verification.*``)."""
+    """How much checking a volunteer's replica-method results get (``goblin.verification.*``).
+
+    By default every result is replicated (or recomputed by the lab) whatever the volunteer's
+    trust; only with ``accept_on_trust`` do the rates below fall with trust (BOINC's adaptive
+    replication) and some results go unchecked.  Either way the lab recomputes ``audit_rate``
+    of the replica pairs itself, even when they agree: two credentials of one person agree on
+    whatever they like.  A cheater whose wrong results on ``k`` tasks are all "confirmed" by a
+    colluding replica escapes every audit with probability ``(1 - audit_rate) ** k`` (at 0.05:
+    0.60 for 10 tasks, 0.077 for 50, 0.006 for 100); the lab pays about ``audit_rate`` times the
+    volunteers' compute for it."""
 
     threshold: int
     min_replica_rate: float
     sample_rate: float
     min_sample_rate: float
+    accept_on_trust: bool = False
+    audit_rate: float = 0.05
+
+    def __post_init__(self):
+        if not isinstance(self.accept_on_trust, bool):
+            raise ValueError(f"goblin.verification.accept-on-trust = {self.accept_on_trust!r}: true or false")
+        if not 0.0 < self.audit_rate <= 1.0:  # (NaN fails too)
+            raise ValueError(f"goblin.verification.audit-rate = {self.audit_rate!r}: a share of replica pairs in "
+                             "(0, 1], e.g. 0.05; the lab must draw some checks of its own, because two agreeing "
+                             "replicas may be one person's")
 
     @classmethod
     def from_config(cls) -> "TrustPolicy":
+        audit = settings.get("goblin.verification.audit-rate")
+        try:
+            audit = float(audit)
+        except (TypeError, ValueError):
+            raise ValueError(f"goblin.verification.audit-rate = {audit!r}: a number in (0, 1], e.g. 0.05") from None
         return cls(int(settings.get("goblin.verification.trust-threshold")),
                    float(settings.get("goblin.verification.min-replica-rate")),
                    float(settings.get("goblin.verification.sample-rate")),
-                   float(settings.get("goblin.verification.min-sample-rate")))
+                   float(settings.get("goblin.verification.min-sample-rate")),
+                   accept_on_trust=settings.get("goblin.verification.accept-on-trust"),
+                   audit_rate=audit)
 
     def replica_rate(self, trust: int) -> float:
-        if trust < self.threshold:
+        if trust < self.threshold or not self.accept_on_trust:
             return 1.0
         # (a threshold of 0 trusts a volunteer with no record yet: the floor, not a division by 0)
         return max(self.min_replica_rate, self.threshold / trust) if trust else self.min_replica_rate
 
     def sampling_rate(self, trust: int) -> float:
         """Of the results not replicated."""
-        if trust < self.threshold:
+        if trust < self.threshold or not self.accept_on_trust:
             return 1.0
         return max(self.min_sample_rate, self.sample_rate * self.threshold / trust) if trust else self.min_sample_rate
 
@@ -351,7 +386,8 @@ class VerificationLedger(SchedulerPlugin):
         return self.decide(as_key(key))
 
     def decide(self, key) -> dict:
-        """How to verify the replica-method result ``key``: replicate it, sample it, or trust it."""
+        """How to verify the replica-method result ``key``: replicate it (and whether the lab audits the
+        pair), sample it, or trust it (only with ``accept-on-trust``)."""
         name = self._who(key)
         trust = self.volunteers[name].trust if name in self.volunteers else 0
         others = self.admission.has_volunteer_besides(name)
@@ -360,7 +396,9 @@ class VerificationLedger(SchedulerPlugin):
             if others:
                 replica = _replica_key(key)
                 self.replicas[replica] = frozenset({name} if name else ())
-                return {"replica": replica, "sample": False, "trust": trust, "timeout": timeout}
+                # the lab's own check of this pair, drawn here (never sent to a volunteer, not from the key)
+                audit = self._rng.random() < self.policy.audit_rate
+                return {"replica": replica, "sample": False, "audit": audit, "trust": trust, "timeout": timeout}
             return {"replica": None, "sample": True, "trust": trust}  # nobody to replicate on: the lab checks
         sample = self._rng.random() < self.policy.sampling_rate(trust)
         return {"replica": None, "sample": sample, "trust": trust}

@@ -13,7 +13,9 @@ KIND (each computes the honest result first, then):
 * ``element``: multiplies the largest-magnitude finite element by 1 + 1e-3;
 * ``stale``: returns the result of an earlier task of the same shape and dtype;
 * ``stall``: never returns (it holds the task until the lab node reissues it);
-* ``scale``: multiplies the whole result by 1.001 (a gradient scaled a little).
+* ``scale``: multiplies the whole result by 1.001 (a gradient scaled a little);
+* ``half``: returns 0.5 everywhere (ones for integers), and for a stage task's replica (``program_sketch``)
+  the fingerprint of that: two such volunteers (one person's two credentials) agree on every task.
 
 ``--cheat-op NAME``: cheat on that op only (``program``: a stage task's outputs; ``matmul``: one
 product inside it), every other op honest.
@@ -28,7 +30,7 @@ import threading
 
 import numpy as np
 
-KINDS = ("noise", "zeros", "element", "stale", "stall", "scale")
+KINDS = ("noise", "zeros", "element", "stale", "stall", "scale", "half")
 
 
 def corrupt(kind: str, out, earlier: dict):
@@ -39,6 +41,8 @@ def corrupt(kind: str, out, earlier: dict):
         threading.Event().wait()
     if kind == "zeros":
         return np.zeros_like(out)
+    if kind == "half":
+        return np.full_like(out, 0.5 if out.dtype.kind in "fc" else 1)
     if kind == "scale" and out.dtype.kind in "fc":
         return (out * out.dtype.type(1 + 1e-3)).astype(out.dtype)
     if kind == "stale":
@@ -62,6 +66,14 @@ def corrupt(kind: str, out, earlier: dict):
     raise ValueError(f"unknown cheat {kind!r}; one of {KINDS}")
 
 
+def colluding_sketch(*inputs, program, seed):
+    """A replica of a stage task from a colluder: the fingerprint of the wrong outputs its partner sent
+    (``half``), for the seed the lab drew, so that the lab's comparison of the two agrees."""
+    from goblin_dask.ops.program import run, sketch
+
+    return sketch(corrupt("half", run(*inputs, program=program), {}), program, seed)
+
+
 def parse(argv: list[str]) -> tuple[str, int, str, list[str]]:
     from tests.agent_options import take_options
 
@@ -82,6 +94,8 @@ def main(argv: list[str]) -> None:
     earlier: dict = {}
 
     def cheating_call(self, *args, **params):
+        if kind == "half" and self.name == "program_sketch" and only_op in ("", "program"):
+            return colluding_sketch(*args, **params)
         out = honest_call(self, *args, **params)
         if only_op and self.name != only_op:
             return out

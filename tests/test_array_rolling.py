@@ -236,7 +236,7 @@ def test_xarray_rolling_on_the_grid_is_computed_by_volunteers_and_verified(lab, 
     close(got_mean, da.rolling(time=7, center=True).mean())
     close(got_max, da.rolling(time=7, min_periods=2).max())
     after = lab.report()
-    replicated = lambda r: sum(r["by_method"].get(m, 0) for m in ("replica", "sample", "trusted"))  # noqa: E731
+    replicated = lambda r: sum(r["by_method"].get(m, 0) for m in ("replica", "audit", "sample", "trusted"))  # noqa: E731
     assert replicated(after) >= replicated(before) + mean.data.npartitions
     assert after["rejected"] == before["rejected"]
     by_volunteers = lambda r: sum(v["accepted"] for v in r["volunteers"].values())  # noqa: E731

@@ -209,7 +209,9 @@ def test_random_blocks_are_replicated_on_another_volunteer_below_the_trust_thres
         for first, second in pairs.values():  # every result replicated, each on the other volunteer
             assert first is not None and second is not None and first != second
         report = lab.ledger.report()
-        assert report["by_method"] == {"replica": 12} and report["accepted"] == 12
+        # each pair replicated; the ones the lab drew for its audit say so (it recomputed them too)
+        assert set(report["by_method"]) <= {"replica", "audit"} and sum(report["by_method"].values()) == 12, report
+        assert report["accepted"] == 12
         assert lab.ledger.replicas == {}  # every replica judged
         assert report["seconds"]["replicas"] >= 0 and report["tasks"] == 12
 
@@ -257,6 +259,7 @@ def test_trust_lowers_the_replica_and_sample_rates_but_never_to_zero(tmp_path):
     async def body(lab):
         ledger, alice = lab.ledger, lab.address_of("alice")
         ledger._rng = random.Random(1234)
+        assert ledger.policy.accept_on_trust  # opted in (run_lab's config below)
         ledger.volunteers["alice"].trust = 1000  # replica rate max(0.05, 10/1000), sample rate max(0.01, 0.001)
         counts = {"replica": 0, "sample": 0, "trusted": 0}
         for i in range(3000):
@@ -270,11 +273,12 @@ def test_trust_lowers_the_replica_and_sample_rates_but_never_to_zero(tmp_path):
         ledger.volunteers["alice"].trust = 9  # below the threshold: every result replicated
         assert all(ledger.decide(("unverified-exp-" + "78" * 8, i))["replica"] for i in range(50))
 
-    run_lab(tmp_path, body)
+    run_lab(tmp_path, body, config={"goblin.verification.accept-on-trust": True})
 
 
 def test_trust_policy_rates_at_the_threshold():
-    policy = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01)
+    policy = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01,
+                         accept_on_trust=True)
     assert policy.replica_rate(9) == 1.0 and policy.replica_rate(10) == 1.0 and policy.replica_rate(20) == 0.5
     assert policy.sampling_rate(9) == 1.0 and policy.sampling_rate(20) == pytest.approx(0.05)
     assert policy.replica_rate(10**6) == 0.05 and policy.sampling_rate(10**6) == 0.01
@@ -282,9 +286,106 @@ def test_trust_policy_rates_at_the_threshold():
 
 def test_trust_policy_with_no_threshold_does_not_divide_by_zero():
     """``goblin.verification.trust-threshold: 0``: trusted from the start, at the floors."""
-    policy = TrustPolicy(threshold=0, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01)
+    policy = TrustPolicy(threshold=0, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01,
+                         accept_on_trust=True)
     assert policy.replica_rate(0) == 0.05 and policy.sampling_rate(0) == 0.01
     assert policy.replica_rate(5) == 0.05
+
+
+# -- the lab's own checks: audits, and no acceptance on trust unless the lab opts in ---------------
+
+
+def test_acceptance_on_trust_is_opt_in_and_off_by_default(tmp_path):
+    """By default every replica-method result is replicated (or recomputed by the lab), whatever the trust."""
+    policy = TrustPolicy.from_config()
+    assert policy.accept_on_trust is False and policy.audit_rate == 0.05
+    assert {policy.replica_rate(t) for t in (0, 10, 200, 10**6)} == {1.0}
+    assert {policy.sampling_rate(t) for t in (0, 10, 200, 10**6)} == {1.0}
+
+    async def body(lab):
+        ledger, alice = lab.ledger, lab.address_of("alice")
+        ledger.volunteers["alice"].trust = 10**6
+        for i in range(500):
+            key = ("unverified-exp-" + "9a" * 8, i)
+            ledger.transition(key, "processing", "memory", worker=alice)
+            assert ledger.decide(key)["replica"] is not None, i  # never "trusted", never only sampled
+
+    run_lab(tmp_path, body)
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("audit-rate", 0), ("audit-rate", -0.1), ("audit-rate", 1.5), ("audit-rate", float("nan")),
+    ("audit-rate", "often"), ("accept-on-trust", "yes"), ("accept-on-trust", 1)])
+def test_bad_verification_settings_are_refused_naming_the_setting(setting, value):
+    import dask
+
+    with dask.config.set({f"goblin.verification.{setting}": value}):
+        with pytest.raises(ValueError, match=f"goblin.verification.{setting}"):
+            TrustPolicy.from_config()
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.3])
+def test_the_lab_audits_replica_pairs_at_the_configured_rate_from_its_own_generator(tmp_path, rate):
+    """2000 decisions on one key: the audit is the lab's draw, at ``audit-rate`` (within 5 binomial standard
+    deviations), not a function of the task (the same key is audited some times and not others)."""
+
+    async def body(lab):
+        ledger, alice = lab.ledger, lab.address_of("alice")
+        assert ledger.policy.audit_rate == rate
+        ledger._rng = random.Random(2026)  # the lab's seed, fixed for the test
+        key = ("unverified-exp-" + "5c" * 8, 0)
+        ledger.transition(key, "processing", "memory", worker=alice)
+        n = 2000
+        audits = sum(ledger.decide(key)["audit"] for _ in range(n))
+        sd = (n * rate * (1 - rate)) ** 0.5
+        assert abs(audits - n * rate) <= 5 * sd, (audits, n * rate, sd)
+        ledger._rng = random.Random(2027)  # another lab's seed: other draws for the very same task
+        other = [ledger.decide(key)["audit"] for _ in range(200)]
+        ledger._rng = random.Random(2026)
+        assert other != [ledger.decide(key)["audit"] for _ in range(200)]
+
+    run_lab(tmp_path, body, config={"goblin.verification.audit-rate": rate})
+
+
+def test_an_audit_of_honest_replicas_accepts_both_and_says_audit(tmp_path):
+    async def body(lab):
+        dsk, keys, expected = random_graph(6, seed=5)
+        async with lab.client() as client:
+            results = await client.gather(client.get(dsk, keys, sync=False))
+        for got, want in zip(results, expected):
+            np.testing.assert_array_equal(got, want)
+        report = lab.ledger.report()
+        assert report["by_method"] == {"audit": 12} and report["accepted"] == 12 and report["rejected"] == 0, report
+        assert report["seconds"]["check"] > 0  # the lab recomputed
+
+    run_lab(tmp_path, body, config={"goblin.verification.audit-rate": 1.0})
+
+
+def test_two_colluding_volunteers_agreeing_on_wrong_blocks_are_caught_by_the_audit(tmp_path):
+    """Both volunteers return zeros for every random block, so each replica confirms the other; the lab's
+    audit (rate 1 here: at a lower rate each unaudited pair's zeros are accepted, with probability
+    ``1 - rate``) recomputes, rejects both and bans them; every result the researcher gets is right."""
+
+    async def body(lab):
+        mallory = await lab.add_volunteer("mallory", cls=cheating_worker())
+        await lab.add_volunteer("trudy", cls=cheating_worker())
+        pair = ("mallory", "trudy")
+        dsk, keys, expected = random_graph(16, seed=6)
+        async with lab.client() as client:
+            futures = client.get(dsk, keys, sync=False)
+            await lab.wait_for(lambda: all(lab.ledger.volunteers[n].banned for n in pair))
+            await lab.add_volunteer("carol")  # what the pair left undone needs a volunteer (none is left)
+            results = await client.gather(futures)
+        for got, want in zip(results, expected):  # the lab's numbers, never the pair's zeros
+            np.testing.assert_array_equal(got, want)
+        report = lab.ledger.report()
+        assert report["by_method"].get("audit", 0) >= 2, report
+        for name in pair:
+            assert "audit" in {r["method"] for r in report["rejections"] if r["volunteer"] == name}, report
+        assert report["volunteers"]["carol"]["rejected"] == 0
+        assert mallory.status.name in ("closed", "closing", "closing_gracefully", "failed"), mallory.status
+
+    run_lab(tmp_path, body, volunteers=(), config={"goblin.verification.audit-rate": 1.0})
 
 
 # -- deadlines -----------------------------------------------------------------------------

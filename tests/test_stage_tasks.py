@@ -171,7 +171,8 @@ def test_a_captured_gpt_runs_as_stage_tasks_on_the_grid(stage_grid):
     got = out.compute()
     np.testing.assert_allclose(got, model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4, atol=1e-5)
     after = stage_grid.report()
-    assert after["by_method"].get("replica", 0) - before["by_method"].get("replica", 0) == 4  # each replicated
+    checked = lambda r: sum(r["by_method"].get(m, 0) for m in ("replica", "audit"))  # noqa: E731
+    assert checked(after) - checked(before) == 4  # each replicated (and some audited by the lab)
     assert after["rejected"] == before["rejected"]
 
 
@@ -206,11 +207,17 @@ def _train_against_torch(node, rounds=2, micro=4):
     return trainer
 
 
+def _replicated(by_method: dict) -> int:
+    """Verdicts of replica pairs, the ones the lab audited included; nothing checked any other way."""
+    assert set(by_method) <= {"replica", "audit"}, by_method
+    return by_method.get("replica", 0) + by_method.get("audit", 0)
+
+
 def test_a_training_round_is_one_stage_task_per_micro_batch(stage_grid):
     trainer = _train_against_torch(stage_grid)
     for entry in trainer.history:
         v = entry["verification"]
-        assert v["tasks"] == 8 and v["rejected"] == 0 and v["by_method"] == {"replica": 8}, v
+        assert v["tasks"] == 8 and v["rejected"] == 0 and _replicated(v["by_method"]) == 8, v
 
 
 def _parameter_numbers_in(dsk, at_least):
@@ -335,7 +342,7 @@ def test_honest_volunteers_on_another_blas_kernel_are_never_rejected():
         trainer = _train_against_torch(node, rounds=2)
         report = node.report()
         assert report["rejected"] == 0 and report["accepted"] >= 16, report
-        assert all(e["verification"]["by_method"] == {"replica": 8} for e in trainer.history)
+        assert all(_replicated(e["verification"]["by_method"]) == 8 for e in trainer.history)
 
 
 @pytest.mark.slow
@@ -353,3 +360,33 @@ def test_a_cheater_inside_a_stage_task_never_reaches_an_update_and_is_banned(che
         assert all(report["volunteers"][n]["rejected"] == 0 for n in honest), report
         if report["volunteers"][cheater]["rejected"] >= 2:
             assert report["volunteers"][cheater]["banned"]
+
+
+def test_two_colluding_volunteers_agreeing_on_a_wrong_stage_result_are_caught_by_the_labs_audit():
+    """One person's two credentials: the first returns a stage task's outputs as 0.5 everywhere, the other's
+    replica (a ``program_sketch``) fingerprints those same wrong outputs for the lab's seed, so the replicas
+    agree; the lab's audit (rate 1 here) runs the program on its own worker, rejects both and bans them, and
+    the captured GPT's output is torch's."""
+    import dask
+
+    import goblin_dask
+    from goblin_dask.node.local import LabNode
+    from tests.conftest import wait_for
+
+    model = gpt(64, 32, 2, 16, 2)
+    ids = np.random.default_rng(4).integers(0, 64, (6, 16))
+    with dask.config.set({"goblin.verification.audit-rate": 1.0}), LabNode.local(volunteers=0) as node:
+        pair = [node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "half", "--cheat-op", "program"))
+                for _ in range(2)]
+        out = goblin_dask.capture(model, torch.as_tensor(ids))(ids)
+        future = node.client.compute(out)
+        wait_for(lambda: all(node.report()["volunteers"].get(n, {}).get("banned") for n in pair),
+                 "the lab's audits to ban both", timeout=600)
+        node.add_volunteer()  # anything the pair left undone needs a volunteer (none is left)
+        np.testing.assert_allclose(future.result(), model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+        report = node.report()
+        assert report["by_method"].get("audit", 0) >= 2, report
+        for name in pair:
+            assert "audit" in {r["method"] for r in report["rejections"] if r["volunteer"] == name}, report
+

@@ -244,12 +244,68 @@ def test_same_result_exact_for_integers_within_rounding_for_floats():
 
 
 def test_trust_lowers_replication_and_sampling_never_to_zero():
-    policy = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01)
+    """Only where the lab opts in to acceptance on trust; by default trust changes nothing."""
+    default = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01)
+    assert {default.replica_rate(t) for t in (0, 10, 10**6)} == {default.sampling_rate(t) for t in (0, 10**6)} == {1.0}
+    policy = TrustPolicy(threshold=10, min_replica_rate=0.05, sample_rate=0.1, min_sample_rate=0.01,
+                         accept_on_trust=True)
     assert [policy.replica_rate(t) for t in (0, 9)] == [1.0, 1.0]
     rates = [policy.replica_rate(t) for t in (10, 20, 100, 10_000)]
     assert rates == sorted(rates, reverse=True) and rates[0] == 1.0 and rates[-1] == 0.05
     samples = [policy.sampling_rate(t) for t in (10, 20, 1000, 10**6)]
     assert samples == sorted(samples, reverse=True) and samples[-1] == 0.01
+
+
+def _random_check(seed=(3, 0)):
+    from goblin_dask.validation.checks import _Check
+
+    params = {"shape": (16, 16), "dtype": "float64", "seed": seed}
+    op = get("random_standard_normal")
+    return _Check(("unverified-random_standard_normal-" + "ab" * 16, 0), op, (), params, ()), op(**params)
+
+
+def test_an_audit_decides_an_agreeing_pair_by_the_labs_own_recomputation():
+    """Two replicas agreeing on a wrong block: without the audit both are accepted (what one person's two
+    credentials get away with); with it the lab recomputes, rejects both and uses its own numbers. An honest
+    agreeing pair passes the audit."""
+    replica = ("unverified-random_standard_normal-" + "cd" * 16, 0)
+    check, honest = _random_check()
+    wrong = np.full_like(honest, 0.5)
+    assert check.compare_replicas(wrong, replica, wrong.copy()) is wrong  # the hole the audit closes
+    assert [v[1:3] for v in check.verdicts] == [("replica", True), ("replica", True)]
+    check, honest = _random_check()
+    got = check.compare_replicas(wrong, replica, wrong.copy(), audit=True)
+    np.testing.assert_array_equal(got, honest)
+    assert [v[1:3] for v in check.verdicts] == [("audit", False), ("audit", False)]
+    assert check.verdicts[0][0] == check.raw_key and check.verdicts[1][0] == replica
+    check, honest = _random_check()
+    assert check.compare_replicas(honest, replica, honest.copy(), audit=True) is honest
+    assert [v[1:3] for v in check.verdicts] == [("audit", True), ("audit", True)]
+    check, honest = _random_check()  # a disagreement is the replica path's, audited or not
+    check.compare_replicas(wrong, replica, honest.copy(), audit=True)
+    assert [v[1:3] for v in check.verdicts] == [("replica", False), ("replica", True)]
+
+
+def test_an_audit_of_a_stage_task_runs_the_program_on_the_lab_and_compares_with_both():
+    """A ``program`` task's replica is a fingerprint for a seed the lab draws; colluders who fingerprint the
+    same wrong outputs agree with each other, and the audit (the program run by the lab) rejects both."""
+    from goblin_dask.ops.program import PROGRAM, _example_program, sketch
+    from goblin_dask.validation.checks import _Check, _Replica
+
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    params = {"program": _example_program(8, np.dtype(np.float64))}
+    honest = PROGRAM(a, b, **params)
+    wrong = np.full_like(honest, 0.5)
+    replica_key = ("unverified-program_sketch-" + "ef" * 16, 0)
+    for first, audit, want in [(wrong, False, [("replica", True)] * 2), (wrong, True, [("audit", False)] * 2),
+                               (honest, True, [("audit", True)] * 2)]:
+        check = _Check(("unverified-program-" + "12" * 16, 0), PROGRAM, (a, b), params, ())
+        replica = _Replica.of(check)
+        fingerprint = sketch(first, params["program"], replica.params["seed"])  # the colluder's replica
+        got = check.compare_replicas(first, replica_key, fingerprint, replica, audit=audit)
+        assert [v[1:3] for v in check.verdicts] == want
+        np.testing.assert_array_equal(got, first if want[0][1] else honest)
 
 
 def test_a_forced_verification_method_outside_the_overrides_is_refused_before_dispatch():

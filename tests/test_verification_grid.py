@@ -59,9 +59,13 @@ def _until_banned(node, cheaters, seed, nonfinite):
 
 
 def _assert_banned_and_refused(node, name):
+    from goblin_dask.errors import EXIT_REFUSED, EXIT_REVOKED
+
     wait_for(lambda: name not in node.volunteer_names(), f"{name} to be disconnected")
-    assert node.processes[name].wait(120) == 2  # it reconnected and the node refused it
-    assert "refused" in read_log(node._log_path(name))
+    # it reconnected and the node refused it: at registration (banned), or already at the handshake (revoked)
+    code = node.processes[name].wait(120)
+    assert code in (EXIT_REFUSED, EXIT_REVOKED), code
+    assert ("refused" if code == EXIT_REFUSED else "revoked") in read_log(node._log_path(name))
 
 
 def _assert_honest_untouched(node, honest):
@@ -124,9 +128,10 @@ def test_replicas_catch_a_cheater_on_ops_no_product_check_covers(grid):
 
 @pytest.fixture
 def impatient_grid(monkeypatch, tmp_path):
-    """A lab node with a 2 s deadline and trust earned after 16 verified results."""
+    """A lab node with a 2 s deadline and trust (accepting on it: opt-in) earned after 16 verified results."""
     monkeypatch.setenv("DASK_GOBLIN__VERIFICATION__DEADLINE", "2")
     monkeypatch.setenv("DASK_GOBLIN__VERIFICATION__TRUST_THRESHOLD", "16")
+    monkeypatch.setenv("DASK_GOBLIN__VERIFICATION__ACCEPT_ON_TRUST", "true")
     with LabNode.local(volunteers=2, state_dir=tmp_path / "lab") as node:
         yield node
 
@@ -142,7 +147,8 @@ def test_replication_falls_with_trust_and_deadlines_reissue_held_tasks(impatient
         x = ga.random.standard_normal((8 * BLOCK, 8 * BLOCK), chunks=BLOCK, seed=100 + seed)
         np.testing.assert_array_equal(x.compute(), x.compute(scheduler="sync"))
         after = node.report()["by_method"]
-        replicated.append((after.get("replica", 0) - before.get("replica", 0)) // 2)
+        pairs = sum(after.get(m, 0) - before.get(m, 0) for m in ("replica", "audit"))
+        replicated.append(pairs // 2)
     assert replicated[0] >= 16 and replicated[-1] < replicated[0] / 2, replicated
     assert after.get("trusted", 0) > 0 and node.report()["rejected"] == 0
     # A volunteer that holds its tasks and never returns them: they are reissued elsewhere.
@@ -165,3 +171,36 @@ def test_the_lab_worker_knows_which_volunteer_sent_each_result_it_checks(grid):
     sources = grid.client.run(lambda dask_worker: dict(dask_worker.goblin_fetched_from), workers=[lab])[lab]
     volunteers = set(grid.volunteer_addresses().values())
     assert all(sources.get(unverified_key(key)) in volunteers for key in keys), (sources, volunteers)
+
+
+@pytest.fixture
+def auditing(monkeypatch):
+    """The lab audits every replica pair (``audit-rate`` 1.0): the colluders are caught at once, deterministically."""
+    import dask
+
+    with dask.config.set({"goblin.verification.audit-rate": 1.0}):
+        yield
+
+
+def test_two_credentials_of_one_person_agreeing_on_wrong_blocks_are_caught_by_the_labs_own_checks(auditing):
+    """Replica agreement is no proof: one person's two volunteers return the same wrong block (0.5
+    everywhere) for every random task, each confirming the other's; the lab's own audits catch and ban both,
+    and the researcher's array is numpy's.
+
+    A grid with no volunteer connected keeps volunteer tasks waiting for one (``scheduler_plugins.faults``):
+    what the banned pair leaves undone goes to an honest volunteer that joins after the bans (a computation
+    started after the bans with nobody to join is what hung the first version of this test)."""
+    with LabNode.local(volunteers=0) as node:
+        pair = [_cheater(node, "half"), _cheater(node, "half")]
+        x = ga.random.standard_normal((4 * BLOCK, 4 * BLOCK), chunks=BLOCK, seed=7)
+        future = node.client.compute(x)
+        wait_for(lambda: all(node.report()["volunteers"].get(name, {}).get("banned") for name in pair),
+                 "the lab's audits to ban both", timeout=600)
+        report = node.report()
+        assert report["by_method"].get("audit", 0) >= 2 and report["accepted"] == 0, report
+        for name in pair:
+            assert "audit" in {r["method"] for r in report["rejections"] if r["volunteer"] == name}, report
+            _assert_banned_and_refused(node, name)
+        honest = node.add_volunteer()
+        np.testing.assert_array_equal(future.result(), x.compute(scheduler="sync"))  # no 0.5 block accepted
+        _assert_honest_untouched(node, [honest])

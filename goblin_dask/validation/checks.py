@@ -13,11 +13,13 @@ How a result is verified follows its op's declared verification (``OpSpec.verify
 
 * ``Freivalds(form=...)`` (products): always checked, in O(n^2) (:mod:`.freivalds`),
   through the op's own form of the task as ``c == a @ b (+ c0)``.
-* ``Replica()``: the ledger decides, from the volunteer's trust, whether the task runs
-  again on a *different* volunteer (BOINC's adaptive replication); the two results are
+* ``Replica()``: the task runs again on a *different* volunteer; the two results are
   compared (exactly for integers and booleans) and on disagreement the lab recomputes
-  and decides.  Unreplicated results of trusted volunteers are recomputed by the lab at
-  a sampling rate that falls with trust; the rest are accepted on trust.
+  and decides.  Of the pairs, the ledger draws ``goblin.verification.audit-rate`` for the
+  lab to recompute even when they agree (verdict method ``audit``): two credentials of one
+  person agree on anything.  Only with ``goblin.verification.accept-on-trust`` does the
+  ledger replicate a trusted volunteer's results less often (BOINC's adaptive
+  replication), recompute a sample of the rest and accept the others on trust.
 * ``Recompute()`` / ``Exact()``: the lab recomputes (such ops run on the lab worker only, so
   only a forced method below reaches this).
 
@@ -45,7 +47,7 @@ UNVERIFIED_PREFIX = "unverified-"
 #: Key of the verdicts in the check task's metadata (sent with its task-finished message).
 VERDICTS = "goblin-verdicts"
 #: Methods a verdict may name (the report's ``by_method`` keys).
-METHODS = ("freivalds", "replica", "sample", "recompute", "trusted")
+METHODS = ("freivalds", "replica", "audit", "sample", "recompute", "trusted")
 #: What ``goblin.verification.method`` may force on every volunteer task instead of the ops' own.
 OVERRIDES = {"replica": Replica(), "recompute": Recompute(), "exact": Exact()}
 
@@ -255,7 +257,8 @@ class _Check:
                 self.verdict(policy["replica"], "replica", False, why)
                 second = None
             if second is not None:
-                return self.compare_replicas(result, policy["replica"], second, replica)
+                return self.compare_replicas(result, policy["replica"], second, replica,
+                                             audit=bool(policy.get("audit")))
             return self.recompute(result, "recompute")  # no replica in time: the lab decides alone
         if policy.get("sample"):
             return self.recompute(result, "sample")
@@ -281,18 +284,24 @@ class _Check:
             finally:
                 future.release()
 
-    def compare_replicas(self, result: Any, replica_key: Any, second: Any, replica: "_Replica | None" = None) -> Any:
+    def compare_replicas(self, result: Any, replica_key: Any, second: Any, replica: "_Replica | None" = None,
+                         audit: bool = False) -> Any:
+        """Judge a result and its replica.  ``audit``: the ledger drew this pair for the lab's own
+        recomputation, which then decides for each of them even if they agree (verdict method ``audit``)."""
         replica = replica or _Replica.of(self)
-        if self._timed(replica.agree, self, result, second):
+        agree = self._timed(replica.agree, self, result, second)
+        if agree and not audit:
             self.verdict(self.raw_key, "replica", True)
             self.verdict(replica_key, "replica", True)
             return result
-        # They disagree: the validator recomputes and decides, for each of them.
+        # They disagree, or the lab audits them: the validator recomputes and decides, for each of them.
         want = self.lab_result()
         ok_first = self._timed(self.same, result, want)
         ok_second = self._timed(replica.agree, self, want, second)
-        self.verdict(self.raw_key, "replica", ok_first)
-        self.verdict(replica_key, "replica", ok_second)
+        method = "audit" if agree else "replica"
+        why = "" if agree else "the replicas disagree; "
+        self.verdict(self.raw_key, method, ok_first, "" if ok_first else why + "differs from the lab's recomputation")
+        self.verdict(replica_key, method, ok_second, "" if ok_second else why + "differs from the lab's recomputation")
         return result if ok_first else second if ok_second and replica.op is self.op else want
 
 
