@@ -131,15 +131,25 @@ class Measure:
         self.node, self.wire = node, wire
 
     def start(self) -> None:
-        self.cpu0, self.bytes0 = process_cpu(self.node), self.wire.read()
+        self.cpu0, self.bytes0, self.t0 = process_cpu(self.node), self.wire.read(), time.perf_counter()
 
     def stop(self, n: int) -> dict:
-        cpu1, bytes1 = process_cpu(self.node), self.wire.read()
+        cpu1, bytes1, wall = process_cpu(self.node), self.wire.read(), (time.perf_counter() - self.t0) / n
         cpu = {k: (cpu1[k] - self.cpu0.get(k, 0.0)) / n for k in cpu1}
         if bytes1 is None:
-            return {"cpu": cpu, "bytes": None, "wire": {}}
+            return {"cpu": cpu, "bytes": None, "wire": {}, "wall": wall}
         wire = {k: (bytes1[k] - self.bytes0[k]) / n for k in bytes1}
-        return {"cpu": cpu, "bytes": sum(wire.values()), "wire": wire}
+        return {"cpu": cpu, "bytes": sum(wire.values()), "wire": wire, "wall": wall}
+
+
+def idle_cpu(node, seconds: float) -> dict[str, float]:
+    """CPU seconds per second of each process of an idle grid (heartbeats, monitors): a share of every
+    measured round that grows with its wall time, which on this shared machine is longer than on machines
+    of their own."""
+    c0, t0 = process_cpu(node), time.perf_counter()
+    time.sleep(seconds)
+    c1, t1 = process_cpu(node), time.perf_counter()
+    return {k: (c1[k] - c0.get(k, 0.0)) / (t1 - t0) for k in c1}
 
 
 def reference_cpu(fn, repeat: int) -> float:
@@ -261,20 +271,21 @@ def product(node, wire, args) -> dict:
 WORKLOADS = {"LM": lm_round, "forward": gpt_forward, "product": product}
 
 
-def row(name: str, r: dict, volunteers: int) -> tuple[str, list[str]]:
+def row(name: str, r: dict, volunteers: int, idle: dict) -> str:
     c = r["cpu"]
-    lab = c.get("scheduler", 0.0) + c.get("lab worker", 0.0) + c.get("researcher", 0.0)
+    lab_parts = ("scheduler", "lab worker", "researcher")
+    lab = sum(c.get(k, 0.0) for k in lab_parts)
+    net = sum(max(0.0, c.get(k, 0.0) - idle.get(k, 0.0) * r["wall"]) for k in lab_parts)
     vol = c.get("volunteers", 0.0)
     ref = r["reference"]
     wire = "n/a" if r["bytes"] is None else (
         f"{r['bytes'] / 2**20:.1f} MiB = {r['bytes'] / r['param_bytes']:.1f}x; {r['bytes'] / volunteers / r['param_bytes']:.1f}x "
         f"per volunteer ({', '.join(f'{k} {v / 2**20:.1f}' for k, v in r['wire'].items())})")
-    bound = max(c.get("scheduler", 0.0), c.get("lab worker", 0.0), c.get("researcher", 0.0))
+    bound = max(c.get(k, 0.0) for k in lab_parts)
     speed = ", ".join(f"{n}: {ref / max(bound, vol / n):.1f}x" for n in (2, 8, 32))
-    line = (f"| {name} | {c.get('scheduler', 0):.3f} | {c.get('lab worker', 0):.3f} | {c.get('researcher', 0):.3f} | "
-            f"{vol:.3f} | {ref:.3f} | **{lab / ref:.2f}x** | {vol / ref:.2f}x | {wire} | {r['trips']} | "
-            f"{r['tasks']:.0f} | {speed} |")
-    return line, []
+    return (f"| {name} | {r['wall']:.2f} | {c.get('scheduler', 0):.3f} | {c.get('lab worker', 0):.3f} | "
+            f"{c.get('researcher', 0):.3f} | {vol:.3f} | {ref:.3f} | **{lab / ref:.2f}x** ({net / ref:.2f}x) | "
+            f"{vol / ref:.2f}x | {wire} | {r['trips']} | {r['tasks']:.0f} | {speed} |")
 
 
 def main(argv=None) -> int:
@@ -303,9 +314,11 @@ def main(argv=None) -> int:
     from goblin_dask.node.local import LabNode
 
     volunteers = 2
-    results = {}
+    results, idle = {}, {}
     with LabNode.local(volunteers=volunteers) as node:
         wire = WireCounter([port_of(node.address), port_of(node.lab_worker_address())])
+        idle = idle_cpu(node, 3 if args.quick else 20)
+        print("idle CPU-s per s:", {k: round(v, 4) for k, v in idle.items()}, flush=True)
         try:
             for name, fn in WORKLOADS.items():
                 if args.only and args.only not in name:
@@ -324,12 +337,15 @@ def main(argv=None) -> int:
             "scheduler + lab worker + researcher's process.  Bytes: through the lab node's ports, both ways, "
             "against the parameter bytes (the operands' bytes for the product).  Projected speed-up over the "
             "reference with N volunteers on machines of their own: reference / max(each lab process, volunteers / N) "
-            "(CPU-bound; the network is in the bytes and round trips columns).", "",
-            "| workload | scheduler | lab worker | researcher | volunteers | reference | lab / reference | "
-            "volunteers / reference | bytes on the wire | round trips | tasks | projected speed-up (N volunteers) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+            "(CPU-bound; the network is in the bytes and round trips columns).  In brackets, the lab's CPU net of "
+            "what the idle grid spends in the same wall time (measured first, 20 s: "
+            + ", ".join(f"{k} {v * 1000:.0f} ms/s" for k, v in idle.items()) + "): heartbeats and monitors, a share "
+            "that shrinks with the round's wall time.", "",
+            "| workload | wall s | scheduler | lab worker | researcher | volunteers | reference | lab / reference (net of idle) | "
+            "volunteers / reference | bytes on the wire (MiB) | round trips | checked results | projected speed-up (N volunteers) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for name, r in results.items():
-        text.append(row(titles[name], r, volunteers)[0])
+        text.append(row(titles[name], r, volunteers, idle))
     print("\n".join(text))
     if args.write:
         write_section(SECTION, "\n".join(text))

@@ -308,7 +308,8 @@ def test_batchnorm_statistics_pass_from_stage_task_to_stage_task(stage_grid):
             want += float(loss)
         opt.step()
         assert trainer.step(x, y) == pytest.approx(want, rel=1e-4)
-        assert trainer.history[-1]["verification"]["by_method"] == {"replica": 4}
+        by = trainer.history[-1]["verification"]["by_method"]  # two stage tasks, each replicated (some audited)
+        assert by.get("replica", 0) + by.get("audit", 0) == 4 and set(by) <= {"replica", "audit"}, by
     state = trainer.state_dict()
     for k, v in ref.state_dict().items():
         np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)

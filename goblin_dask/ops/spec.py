@@ -359,9 +359,9 @@ class CatalogTask(Task):
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, **self.kwargs)
 
     def _get_token(self) -> str:
-        """dask's token of the task (it names the graph a client submits); a stage program's steps are
-        tokenized once per program object (:func:`goblin_dask.ops.program.program_token`), not again for
-        every task that carries the program."""
+        """dask's token of the task (it names the graph a client submits); a stage program is named by the
+        hash of its pickle (:func:`goblin_dask.ops.program.program_token`), not walked step by step by
+        dask's tokenize for every task that carries it."""
         program = self.kwargs.get("program")
         if self._token or type(program) is not tuple:
             return super()._get_token()
@@ -369,8 +369,11 @@ class CatalogTask(Task):
 
         from goblin_dask.ops.program import program_token
 
+        named = program_token(program)
+        if named is None:
+            return super()._get_token()
         rest = {k: v for k, v in self.kwargs.items() if k != "program"}
-        self._token = tokenize((type(self).__name__, self.func, self.args, rest, program_token(program)))
+        self._token = tokenize((type(self).__name__, self.func, self.args, rest, named))
         return self._token
 
 
