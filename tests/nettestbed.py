@@ -371,19 +371,22 @@ table ip relay {{
         if node.poll() is not None:
             raise RuntimeError(f"goblin node exited with code {node.returncode}:\n{self.log_tail('node')}")
 
-    def enroll(self, name: str) -> str:
-        """``goblin enroll --name NAME``: the credential a volunteer joins with."""
-        out = subprocess.run([sys.executable, "-m", "goblin_dask.cli", "enroll", "--name", name, "--state-dir",
-                              str(self.state_dir)], capture_output=True, text=True, check=True)
-        return out.stdout.strip().splitlines()[-1]
+    def enroll(self, name: str, out: Path) -> Path:
+        """``goblin enroll --name NAME --out FILE``: the credential file (mode 0600) a volunteer joins with."""
+        subprocess.run([sys.executable, "-m", "goblin_dask.cli", "enroll", "--name", name, "--state-dir",
+                        str(self.state_dir), "--out", str(out)], capture_output=True, text=True, check=True)
+        return out
 
     def start_volunteer(self, home: Home, token: str | None = None) -> subprocess.Popen:
-        """``goblin volunteer`` on the host behind ``home``'s router (its credential enrolled once)."""
-        token_file = self.workdir / f"{home.volunteer}.token"
+        """``goblin volunteer`` on the host behind ``home``'s router (its credential enrolled once; ``token``: join
+        with that credential instead)."""
+        token_file = self.workdir / f"{home.volunteer}.credential"
         if token is not None:
+            token_file.unlink(missing_ok=True)
+            token_file.touch(mode=0o600)
             token_file.write_text(token)
         elif not token_file.exists():
-            token_file.write_text(self.enroll(home.volunteer))
+            self.enroll(home.volunteer, token_file)
         home.log = self.workdir / f"{home.volunteer}.log"
         home.process = self.spawn(home.volunteer, home.host, [
             sys.executable, "-m", "goblin_dask.cli", "volunteer", self.address, "--token", str(token_file),

@@ -30,7 +30,7 @@ def test_a_second_agent_with_a_live_agents_credential_waits_and_joins_once_the_f
     with LabNode.local(volunteers=1, dashboard=False) as node:
         name = node.volunteer_names()[0]
         first = node.volunteer_addresses()[name]
-        credential = next(a for a in node.processes[name].args if a.startswith("goblin1:"))
+        credential = str(node.state_dir / "credentials" / f"{name}.credential")  # the first agent's own file
         log = tmp_path / "second.log"
         with open(log, "wb") as f:
             second = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", node.address, "--token",
