@@ -186,62 +186,14 @@ def test_blocked_product_accumulates_along_k_within_the_memory_budget():
     with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         z = ga.from_array(a) @ ga.from_array(b)
     graph = dict(z.__dask_graph__())
-    # tiles under goblin.placement.min-flops: the lab's own chain, accumulating one partial at a time
     ops = {v.op.name for v in graph.values() if isinstance(v, CatalogTask)}
-    assert "matmul_accumulate" in ops and not any(k[0].endswith("-step") for k in graph)
-    close(ev(z), a @ b)
-    z = _chained(a, b)  # the same tiles on volunteers: a step product each, the lab adds them
-    assert any(k[0].endswith("-step") for k in dict(z.__dask_graph__()))
+    assert "matmul_accumulate" in ops
     close(ev(z), a @ b)
     from goblin_dask.array.linalg import product_blocks
 
     bm, bk, bn = product_blocks(300, 500, 200, 8, 200_000, 2)
     assert 8 * (bm * bk + bk * bn + 2 * bm * bn) <= 200_000
     assert product_blocks(8192, 8192, 8192, 8, 3e9, 2) == (4096, 8192, 4096)
-
-
-def _chained(a, b, dtype=np.float64):
-    """``a @ b`` in a chain along k of tiles placed on volunteers (200 KB per task, every tile worth one)."""
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1,
-                          "goblin.placement.min-flops": 1}):
-        return ga.from_array(a.astype(dtype)) @ ga.from_array(b.astype(dtype))
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_a_chain_sends_no_running_sum_to_a_volunteer(dtype):
-    """Issue 28: each step along k is a volunteer product of its own inputs only; the lab adds the steps
-    (no volunteer task takes another product's result, so none waits for one to go out and back)."""
-    from goblin_dask.validation.checks import insert_checks, is_unverified_key
-
-    a, b = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200))
-    z = _chained(a, b, dtype)
-    graph = insert_checks(dict(z.__dask_graph__()))
-    volunteer = {k: v for k, v in graph.items() if is_unverified_key(k)}
-    assert volunteer and {v.op.name for v in volunteer.values()} == {"matmul"}
-    products = {k for k, v in graph.items() if isinstance(v, CatalogTask) and v.op.name.startswith("matmul")}
-    products |= {k for k in graph if k[0].startswith("matmul")}
-    for key, task in volunteer.items():  # operands: blocks of a and b, never a partial sum
-        assert not any(d in products for d in task.dependencies), (key, task.dependencies)
-    adds = [v for v in graph.values() if isinstance(v, CatalogTask) and v.op.name == "add"]
-    steps = max(k[3] for k in graph if k[0].endswith("-step")) + 1
-    assert adds and {v.placement for v in adds} == {"lab"}
-    assert len(adds) == (steps - 1) * len(z.__dask_keys__()) * len(z.__dask_keys__()[0])
-    close(ev(z), (a.astype(dtype).astype(np.float64) @ b.astype(dtype).astype(np.float64)),
-          rtol=1e-5 if dtype == np.float32 else 1e-10, atol=1e-4 if dtype == np.float32 else 1e-10)
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_the_lab_adding_a_step_rounds_as_matmul_accumulate(dtype):
-    """The lab's ``add(C, A @ B)`` of a verified step gives the bits the volunteer's ``C + A @ B``
-    (``matmul_accumulate``) gave before: a chained product's result did not change."""
-    from goblin_dask.ops import get
-
-    c, a, b = (RNG.standard_normal(s).astype(dtype) for s in ((70, 40), (70, 130), (130, 40)))
-    assert np.array_equal(get("add")(c, get("matmul")(a, b)), get("matmul_accumulate")(c, a, b))
-    x, y = RNG.standard_normal((300, 500)), RNG.standard_normal((500, 200))
-    z = _chained(x, y, dtype)
-    close(ev(z), x.astype(dtype).astype(np.float64) @ y.astype(dtype).astype(np.float64),
-          rtol=1e-5 if dtype == np.float32 else 1e-10, atol=1e-4 if dtype == np.float32 else 1e-10)
 
 
 def test_a_product_whose_tiles_would_stay_on_the_lab_is_one_lab_task():
@@ -269,17 +221,7 @@ def test_matmul_add_folds_the_bias_into_each_blocks_first_step():
     with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         z = matmul_add(ga.from_array(a), ga.from_array(b), ga.from_array(bias, chunks=70))
     ops = Counter(v.op.name for v in dict(z.__dask_graph__()).values() if isinstance(v, CatalogTask))
-    assert "add" not in ops and "matmul" not in ops and ops["matmul_accumulate"] >= 2, ops  # the lab's own chain
-    close(ev(z), a @ b + bias)
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1,
-                          "goblin.placement.min-flops": 1}):  # volunteer tiles: step products the lab adds
-        z = matmul_add(ga.from_array(a), ga.from_array(b), ga.from_array(bias, chunks=70))
-    graph = dict(z.__dask_graph__())
-    firsts = [v for v in graph.values() if isinstance(v, CatalogTask) and v.op.name == "matmul_accumulate"]
-    assert len(firsts) == len(z.__dask_keys__()) * len(z.__dask_keys__()[0]) >= 2  # the bias: one per block
-    assert all(v.placement == "volunteer" and not v.args[0].key[0].startswith("matmul") for v in firsts)
-    adds = [v for v in graph.values() if isinstance(v, CatalogTask) and v.op.name == "add"]
-    assert adds and all(v.placement == "lab" for v in adds)
+    assert "add" not in ops and "matmul" not in ops and ops["matmul_accumulate"] >= 2, ops
     close(ev(z), a @ b + bias)
     # not a bias row of b's width (a full matrix, a wider dtype): the product, then an add, as NumPy
     full = RNG.standard_normal((300, 200))

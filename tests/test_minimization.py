@@ -21,7 +21,6 @@ def test_key_rules():
     assert "non-integer" in key_violation(("matmul-0123456789abcdef", "ward7"))
     # the array layer's fixed suffixes for intermediate parts (code, not data)
     assert key_violation(("unverified-matmul-0123456789abcdef-partial", 1, 0, 2)) is None
-    assert key_violation(("unverified-matmul-0123456789abcdef-step", 1, 0, 2)) is None
     assert key_violation(("sum-0123456789abcdef-tree", 0, 1, 0)) is None
     assert "opaque" in key_violation(("matmul-0123456789abcdef-ward7", 0))
     assert "opaque" in key_violation(("matmul-0123456789abcdef-partial-heart", 0))
@@ -38,8 +37,7 @@ def _array_layer_keys() -> set:
     x = ga.from_array(a, chunks=(2, 3))
     y = x + 0  # not source-backed: its rechunks slice and concatenate
     # a chain of volunteer product steps (tiles this small would be the lab's, computed whole)
-    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1,
-                          "goblin.placement.min-flops": 1}):
+    with dask.config.set({"goblin.product.volunteer-memory": 800_000, "goblin.placement.min-product-intensity": 1}):
         product = ga.from_array(rng.standard_normal((300, 500))) @ ga.from_array(rng.standard_normal((500, 200)))
     arrays = [
         product, x @ x.T, ga.matmul(x.reshape(1, 9, 8), x.T), ga.tensordot(x, x, axes=((0,), (0,))),

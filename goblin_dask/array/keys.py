@@ -22,10 +22,10 @@ from typing import Any, NamedTuple, Sequence
 #: the same array in other blocks (``rechunk``: getitem/concatenate tasks and aliases).
 PLUMBING: tuple[str, ...] = ("source", "rechunk")
 
-#: Words for a task's intermediate parts: ``matmul-<token>-partial`` (the product's running
-#: sum along k) and ``-step`` (one volunteer's product of a step along k), a reduction's per-``block`` partials, pairwise ``tree`` and argmax/argmin
+#: Words for a task's intermediate parts: ``matmul-<token>-partial`` (the product's chain
+#: along k), a reduction's per-``block`` partials, pairwise ``tree`` and argmax/argmin
 #: ``value``/``index`` partials, a rechunk's ``piece`` slices and ``cat`` concatenations.
-PARTS: tuple[str, ...] = ("partial", "step", "block", "tree", "value", "index", "piece", "cat")
+PARTS: tuple[str, ...] = ("partial", "block", "tree", "value", "index", "piece", "cat")
 
 #: A token: dask's ``tokenize`` (32 hex digits), or at least 16 of them.
 TOKEN = r"[0-9a-f]{16,}"

@@ -2,14 +2,10 @@
 
 ``C = A @ B`` is cut into output blocks ``C[i, j]``; each is one volunteer task when a
 row panel of A and a column panel of B fit the volunteer's memory budget, otherwise a
-chain along the inner axis: each step ``P[k] = A[i,k] @ B[k,j]`` is a volunteer task of
-its own, Freivalds-checked on the lab worker like any product, and the lab adds the
-verified steps in increasing k (``C = P[0]``, ``C = C + P[k]``: the same rounding as
-``matmul_accumulate``'s ``C + A[i,k] @ B[k,j]``).  No running sum goes out to a volunteer
-and comes back at every step (issue 28: half the bytes of a chain, and checks without an
-accumulator); a volunteer never holds more than ``A[i,k]``, ``B[k,j]`` and one ``C[i,j]``.
-A chain the lab computes itself (the placement rule keeps its tiles on the lab worker)
-accumulates with ``matmul_accumulate``, one partial at a time.
+chain ``C = A[i,0] @ B[0,j]``, then ``C += A[i,k] @ B[k,j]`` (``matmul_accumulate``) in
+increasing k, so at most one partial of each output block exists at a time and a
+volunteer never holds more than ``A[i,k]``, ``B[k,j]`` and two copies of ``C[i,j]``.
+Every step is a Freivalds-checkable product, checked on the lab worker.
 
 Block sizes come from the volunteers' memory limits as the lab node reports them
 (``client.scheduler_info()``): a task may use ``goblin.product.memory-fraction``
@@ -26,7 +22,7 @@ within ``max-share * |L|`` (the sum, since ``A.T @ A`` sends two panels of the s
 array).  Two ways fit the cap: cutting the inner step ``bk`` (a longer chain, output
 blocks cut only when the steps would get thinner than a quarter of the blocks), or
 cutting only the output blocks along the capped operand (``activations @ weights``: no
-steps to add); the one moving fewer elements in no more tasks wins.  The lab node checks every
+partial sums travel); the one moving fewer elements in no more tasks wins.  The lab node checks every
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
 every block) are not capped.  A model's parameters (lab arrays of kind ``"parameters"``,
@@ -151,7 +147,7 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     if outputs is None:
         return chain
     # Cutting the output instead of the inner axis: the same number of tasks or fewer, and less to move
-    # (``activations @ weights`` with the weights capped: no steps to add up).
+    # (``activations @ weights`` with the weights capped: no accumulator travelling through a chain).
     tasks = [_tasks(m, k, n, blocks) for blocks in (chain, outputs)]
     moved = [_elements_moved(m, k, n, blocks, workers) for blocks in (chain, outputs)]
     return outputs if tasks[1] <= tasks[0] and moved[1] < moved[0] else chain
@@ -202,12 +198,12 @@ def _tasks(m: int, k: int, n: int, blocks: tuple) -> int:
 
 def _elements_moved(m: int, k: int, n: int, blocks: tuple, workers: int) -> int:
     """Elements a blocked product moves between the lab and volunteers: each panel once per
-    volunteer thread that needs it (dask keeps a fetched input while its tasks remain), and each
-    step's product back to the lab (a chain's running sum stays on the lab)."""
+    volunteer thread that needs it (dask keeps a fetched input while its tasks remain), each
+    partial result out and back in along a chain, each output block out."""
     bm, bk, bn = blocks
     steps = math.ceil(k / bk)
     return (m * k * min(math.ceil(n / bn), workers) + k * n * min(math.ceil(m / bm), workers)
-            + steps * m * n)
+            + (2 * steps - 1) * m * n)
 
 
 def _memory_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int) -> tuple[int, int, int]:
@@ -316,25 +312,15 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
             for kk in range(nk):
                 key = block_key(name, (i, j)) if kk == nk - 1 else part_key(name, "partial", i, j, kk)
                 ab, bb = a.block_aval((i, kk)), b.block_aval((kk, j))
-                cav = Aval((ab.shape[0], bb.shape[1]), dtype)
                 if acc is None and bias is not None:
                     layer[key] = task(key, "matmul_accumulate", bias.ref((j,)), a.ref((i, kk)),
                                       b.ref((kk, j)), avals=[bias.block_aval((j,)), ab, bb])
                 elif acc is None:
                     layer[key] = task(key, "matmul", a.ref((i, kk)), b.ref((kk, j)), avals=[ab, bb])
                 else:
-                    step = task(part_key(name, "step", i, j, kk), "matmul", a.ref((i, kk)), b.ref((kk, j)),
-                                avals=[ab, bb])
-                    if step.placement == "lab" and layer[acc.key].placement == "lab":
-                        # the lab computes this step itself: accumulate in place, nothing travels
-                        layer[key] = task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
-                                          avals=[cav, ab, bb])
-                    else:
-                        # A volunteer's step is a product of its own, checked alone: no running sum goes
-                        # out to a volunteer.  The lab adds the verified step to its running sum;
-                        # fl(sum + P) is what matmul_accumulate's kernel computes: the same bits.
-                        layer[step.key] = step
-                        layer[key] = catalog_task(key, "add", acc, TaskRef(step.key), placement="lab")
+                    cav = Aval((ab.shape[0], bb.shape[1]), dtype)
+                    layer[key] = task(key, "matmul_accumulate", acc, a.ref((i, kk)), b.ref((kk, j)),
+                                      avals=[cav, ab, bb])
                 acc = TaskRef(key)
     return from_graph(name, layer, (a.chunks[0], b.chunks[1]), dtype,
                       dependencies=[a, b] + ([] if bias is None else [bias]))
