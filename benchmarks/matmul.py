@@ -23,8 +23,8 @@ inputs, no persist, ``compute()`` twice, next to numpy and to plain dask with pe
 with the load average before and after each column (its own RESULTS.md section).
 
 ``--lab-share`` runs issue 28's case (:func:`lab_share_case`): the 4096 float32 (and float64) product from
-numpy on ``LabNode.local(volunteers=2)``, computed twice; for the second compute it prints the CPU seconds
-of each process (scheduler, lab worker, the researcher's process, each volunteer) next to numpy's own CPU
+numpy on ``LabNode.local(volunteers=2)``, computed once and then ``--repeats`` times more; for those later
+computes (medians) it prints the CPU seconds of each process (scheduler, lab worker, the researcher's process, each volunteer) next to numpy's own CPU
 for the product (one BLAS thread), the bytes the lab worker sent and received, the volunteer tasks and the
 lab <-> volunteer round trips on the longest chain of dependent volunteer tasks (its own RESULTS.md section).
 """
@@ -502,11 +502,11 @@ def lab_worker_traffic(dask_worker=None) -> dict:
 def volunteer_chains(graph: dict) -> dict:
     """Volunteer tasks of an optimized graph, and lab <-> volunteer round trips on its longest path: a
     volunteer task whose input on the path is not itself a volunteer result starts a new round trip."""
+    from graphlib import TopologicalSorter
+
     from dask._task_spec import GraphNode
 
     from goblin_dask.validation.checks import is_unverified_key
-
-    from graphlib import TopologicalSorter
 
     deps = {k: {d for d in (v.dependencies if isinstance(v, GraphNode) else ()) if d in graph}
             for k, v in graph.items()}
