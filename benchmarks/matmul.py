@@ -658,7 +658,7 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default=None,
                    help="with --from-numpy (default 8192:float64,4096:float32) or --lab-share (default "
                         "4096:float32,4096:float64): n:dtype,...")
-    p.add_argument("--chunks", type=int, default=2048, help="with --from-numpy: from_array's chunks (0: n/4)")
+    p.add_argument("--chunks", type=int, default=2048, help="with --from-numpy or --lab-share: from_array's chunks (0: n/4)")
     p.add_argument("--max-share", default=None,
                    help="with --from-numpy: goblin.minimization.max-share for the node ('none': no cap; default: "
                         "the configured 0.25, which cuts a product of two lab arrays into 4x as many tasks)")
