@@ -21,6 +21,12 @@ Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /work/venv/bin/python benchm
 ``--from-numpy`` runs issue 19's case instead (:func:`from_numpy_case`): ``ga.from_array`` of numpy
 inputs, no persist, ``compute()`` twice, next to numpy and to plain dask with persisted inputs,
 with the load average before and after each column (its own RESULTS.md section).
+
+``--lab-share`` runs issue 28's case (:func:`lab_share_case`): the 4096 float32 (and float64) product from
+numpy on ``LabNode.local(volunteers=2)``, computed once and then ``--repeats`` times more; for those later
+computes (medians) it prints the CPU seconds of each process (scheduler, lab worker, the researcher's process, each volunteer) next to numpy's own CPU
+for the product (one BLAS thread), the bytes the lab worker sent and received, the volunteer tasks and the
+lab <-> volunteer round trips on the longest chain of dependent volunteer tasks (its own RESULTS.md section).
 """
 
 from __future__ import annotations
@@ -460,6 +466,168 @@ def main_19(args, argv) -> int:
     return 0
 
 
+SECTION_28 = "## The lab's share of a verified product (issue 28)"
+
+
+def grid_process_cpu(node) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each process of a LabNode.local grid, by part, and of this
+    process (the researcher's)."""
+    import psutil
+
+    from goblin_dask.roles import LAB_WORKER_NAME
+
+    out: dict[str, float] = {}
+    for part, proc in node.processes.items():
+        try:
+            t = psutil.Process(proc.pid).cpu_times()
+        except psutil.Error:
+            continue
+        name = "lab worker" if part == LAB_WORKER_NAME else part
+        out[name] = t.user + t.system + t.children_user + t.children_system
+    t = psutil.Process().cpu_times()
+    out["researcher"] = t.user + t.system
+    return out
+
+
+def lab_worker_traffic(dask_worker=None) -> dict:
+    """On the lab worker (``client.run``): bytes it sent to and received from peers so far."""
+    from distributed import get_worker
+
+    w = dask_worker or get_worker()
+    return {"sent": int(w.transfer_outgoing_bytes_total),
+            "received": int(sum(e.get("total", 0) for e in w.transfer_incoming_log)),
+            "received_log": len(w.transfer_incoming_log), "sent_log": len(w.transfer_outgoing_log)}
+
+
+def volunteer_chains(graph: dict) -> dict:
+    """Volunteer tasks of an optimized graph, and lab <-> volunteer round trips on its longest path: a
+    volunteer task whose input on the path is not itself a volunteer result starts a new round trip."""
+    from graphlib import TopologicalSorter
+
+    from dask._task_spec import GraphNode
+
+    from goblin_dask.validation.checks import is_unverified_key
+
+    deps = {k: {d for d in (v.dependencies if isinstance(v, GraphNode) else ()) if d in graph}
+            for k, v in graph.items()}
+    vol = {k for k in graph if is_unverified_key(k)}
+    trips: dict = {}
+    for key in TopologicalSorter(deps).static_order():
+        if key in vol:  # fed by another volunteer result: the same trip; else a new one
+            trips[key] = max((trips[d] + (0 if d in vol else 1) for d in deps[key]), default=1)
+        else:
+            trips[key] = max((trips[d] for d in deps[key]), default=0)
+    longest = max(trips.values(), default=0)
+    return {"volunteer_tasks": len(vol), "round_trips": longest}
+
+
+def lab_share_case(n: int, dt, *, chunks: int, node, rng, repeats: int = 3) -> dict:
+    """Issue 28's case: ``ga.from_array(a) @ ga.from_array(b)`` computed once, then ``repeats`` times more;
+    the later computes' CPU per process (median of each), bytes through the lab worker, volunteer tasks
+    and round trips, next to numpy's CPU."""
+    import threadpoolctl
+    from distributed import get_task_stream
+
+    import goblin_dask.array as ga
+
+    a = rng.standard_normal((n, n)).astype(dt)
+    b = rng.standard_normal((n, n)).astype(dt)
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        t = time.process_time()
+        ref = a @ b
+        numpy_cpu = time.process_time() - t
+    client, lab = node.client, node.lab_worker_address()
+    vol_addrs = set(node.volunteer_addresses().values())
+    z = ga.from_array(a, chunks=chunks) @ ga.from_array(b, chunks=chunks)
+    graph = z.__dask_optimize__(dict(z.__dask_graph__()), z.__dask_keys__())
+    chains = volunteer_chains(dict(graph))
+    c = z.compute()
+    err_first = max_rel_error(c, ref)
+    del c
+    runs = []
+    for _ in range(repeats):  # each a second (or later) compute of the same expression
+        time.sleep(1.0)
+        rep0 = node.report()
+        net0 = client.run(lab_worker_traffic, workers=[lab])[lab]
+        cpu0 = grid_process_cpu(node)
+        t = time.perf_counter()
+        c = z.compute()
+        wall = time.perf_counter() - t
+        cpu1 = grid_process_cpu(node)
+        net1 = client.run(lab_worker_traffic, workers=[lab])[lab]
+        rep1 = node.report()
+        err_first = max(err_first, max_rel_error(c, ref))
+        del c
+        runs.append({"wall": wall, "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1},
+                     "sent": net1["sent"] - net0["sent"], "received": net1["received"] - net0["received"],
+                     "check_cpu": rep1["seconds"]["check_cpu"] - rep0["seconds"]["check_cpu"],
+                     "accepted": rep1["accepted"] - rep0["accepted"], "rejected": rep1["rejected"] - rep0["rejected"]})
+    with get_task_stream(client=client) as ts:  # one more, apart: the stream costs the scheduler and this process
+        z.compute()
+    ran_on_volunteers = sum(1 for rec in ts.data if rec.get("worker") in vol_addrs)
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    cpu = {k: med([r["cpu"].get(k, 0.0) for r in runs]) for k in runs[0]["cpu"]}
+    row = {"n": n, "dtype": str(dt), "chunks": chunks, "numpy_cpu": numpy_cpu, "repeats": repeats,
+           "wall": med([r["wall"] for r in runs]), "cpu": cpu, "check_cpu": med([r["check_cpu"] for r in runs]),
+           "sent": med([r["sent"] for r in runs]), "received": med([r["received"] for r in runs]),
+           "err": err_first, "stream_volunteer_tasks": ran_on_volunteers, **chains,
+           "accepted": sum(r["accepted"] for r in runs), "rejected": sum(r["rejected"] for r in runs),
+           "runs": runs}
+    lab_cpu = cpu.get("scheduler", 0.0) + cpu.get("lab worker", 0.0) + cpu.get("researcher", 0.0)
+    row["lab_cpu"], row["lab_vs_numpy"] = lab_cpu, lab_cpu / numpy_cpu
+    print(f"  {n} {dt}: " + str({k: v for k, v in row.items() if k != "runs"}), flush=True)
+    return row
+
+
+def markdown_28(command: str, rows: list[dict]) -> str:
+    lines = [SECTION_28, "", f"Command: `{command}`", "",
+             f"Machine: {os.cpu_count()} cores (shared), {_cpu_model()}.  `z = ga.from_array(a, chunks=c) @ "
+             "ga.from_array(b, chunks=c)` on `LabNode.local(volunteers=2, threads_per_volunteer=1)`, computed "
+             "once and then `--repeats` times more; the numbers are the median of the later computes (each process's CPU a median of its own).  CPU seconds per process (psutil, user + system); "
+             "lab = scheduler + lab worker + the researcher's process; numpy = `time.process_time()` of `a @ b` "
+             "in the benchmark process, one BLAS thread.  Bytes: the lab worker's transfers (distributed's "
+             "`transfer_outgoing_bytes_total` and `transfer_incoming_log`); what it sends includes the result the researcher gathers (64 MiB in float32); the volunteers keep the input blocks of the first compute (the volunteer cache), so later computes send them none.  Round trips: lab -> volunteer -> "
+             "lab trips on the longest chain of dependent volunteer tasks (a volunteer task fed by another "
+             "volunteer result on the same path adds none).", "",
+             "| n | dtype | chunks | scheduler | lab worker | researcher | volunteers (each) | numpy CPU "
+             "| **lab / numpy** | of which checks (lab worker thread CPU) | lab worker sent / received | volunteer tasks (graph / ran) | round trips | accepted / rejected "
+             "| wall | max rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["cpu"]
+        vols = sorted((k, v) for k, v in c.items() if k not in ("scheduler", "lab worker", "researcher"))
+        lines.append(
+            f"| {r['n']} | {r['dtype']} | {r['chunks']} | {c.get('scheduler', 0):.2f} | {c.get('lab worker', 0):.2f} "
+            f"| {c.get('researcher', 0):.2f} | {' + '.join(f'{v:.2f}' for _, v in vols)} | {r['numpy_cpu']:.2f} "
+            f"| **{r['lab_vs_numpy']:.2f}x** | {r['check_cpu']:.2f} | {r['sent'] / 2**20:.0f} / {r['received'] / 2**20:.0f} MiB "
+            f"| {r['volunteer_tasks']} / {r['stream_volunteer_tasks']} | {r['round_trips']} | {r['accepted']} / {r['rejected']} | {r['wall']:.2f} s "
+            f"| {r['err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_28(args, argv) -> int:
+    """``--lab-share``: issue 28's case (see :func:`lab_share_case`), its own RESULTS.md section."""
+    import goblin_dask
+
+    cases = [(int(c.split(":")[0]), np.dtype(c.split(":")[1])) for c in args.cases.split(",")]
+    rows: list[dict] = []
+    rng = np.random.default_rng(0)
+    with goblin_dask.LabNode.local(volunteers=2, threads_per_volunteer=1) as node:
+        for n, dt in cases:
+            rows.append(lab_share_case(n, dt, chunks=args.chunks or max(n // 4, 1), node=node, rng=rng,
+                                       repeats=args.repeats))
+    command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/matmul.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    text = markdown_28(command, rows)
+    print("\n" + text)
+    if args.write:
+        write_section(SECTION_28, text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": rows}, f, indent=1, default=str)
+    return 0
+
+
 def _sigterm_exits() -> None:
     """SIGTERM (e.g. from ``timeout``) unwinds the with-blocks, so no grid process is left behind."""
     import signal
@@ -485,12 +653,20 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write all numbers to this file")
     p.add_argument("--from-numpy", action="store_true",
                    help="issue 19's case: from numpy inputs, no persist, compute twice (its own section)")
-    p.add_argument("--cases", default="8192:float64,4096:float32", help="with --from-numpy: n:dtype,...")
-    p.add_argument("--chunks", type=int, default=2048, help="with --from-numpy: from_array's chunks (0: n/4)")
+    p.add_argument("--lab-share", action="store_true",
+                   help="issue 28's case: CPU per process, bytes and round trips of the product from numpy")
+    p.add_argument("--cases", default=None,
+                   help="with --from-numpy (default 8192:float64,4096:float32) or --lab-share (default "
+                        "4096:float32,4096:float64): n:dtype,...")
+    p.add_argument("--chunks", type=int, default=2048, help="with --from-numpy or --lab-share: from_array's chunks (0: n/4)")
     p.add_argument("--max-share", default=None,
                    help="with --from-numpy: goblin.minimization.max-share for the node ('none': no cap; default: "
                         "the configured 0.25, which cuts a product of two lab arrays into 4x as many tasks)")
     args = p.parse_args(argv)
+    if args.lab_share:
+        args.cases = args.cases or "4096:float32,4096:float64"
+        return main_28(args, argv)
+    args.cases = args.cases or "8192:float64,4096:float32"
     if args.from_numpy:
         return main_19(args, argv)
     global BUSY_THRESHOLD

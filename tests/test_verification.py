@@ -455,3 +455,36 @@ def test_a_signed_subnormal_where_the_product_is_exactly_zero_is_rejected():
     wrong = c + c0
     wrong[0] = np.nextafter(wrong[0], np.inf)  # one ulp off where the product adds exactly 0 to c0
     assert not check_product(wrong, a, b, c0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_zero_lines_found_from_the_norms_tell_tiny_lines_from_zero_ones(dtype):
+    """The check finds all-zero rows of A and columns of B from the squared norms it computes anyway; a
+    line whose squares underflow to 0 without being zeros is not taken for one (its product need not
+    be exactly 0), and a wrong number where the product is exactly 0 is still rejected."""
+    a, b = _operands("normal", 120, dtype)
+    tiny = np.finfo(dtype).tiny * 4 if dtype == np.float32 else 1e-170  # squares: 0 in float64 for 1e-170
+    a[::4] = 0.0
+    a[1] = tiny  # not a zero row: sum of squares underflows in float64 (for float64), tiny but exact otherwise
+    b[:, ::7] = 0.0
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    c = (a @ b).astype(dtype)
+    verdict = check_product(c, a, b)
+    assert want[1].any() and verdict.accepted
+    if dtype == np.float32:  # the tight test accepts (float64: a row of norm 0 in float64 is left to the lab)
+        assert verdict.recomputed is None
+    wrong = c.copy()
+    wrong[0, 3] = np.finfo(dtype).smallest_subnormal  # row 0 of A is zeros: the product is exactly 0 there
+    assert not check_product(wrong, a, b)
+    wrong = c.copy()
+    wrong[5, 7] = -np.finfo(dtype).smallest_subnormal  # column 7 of B is zeros
+    assert not check_product(wrong, a, b)
+    bias = RNG.standard_normal((1, b.shape[1])).astype(dtype)
+    c0 = np.broadcast_to(bias, c.shape)  # a bias row broadcast down the rows: finiteness looked at once
+    assert check_product((c + c0).astype(dtype), a, b, c0)
+    bad = bias.copy()
+    bad[0, 2] = np.inf
+    got = (a @ b + bad).astype(dtype)
+    assert check_product(got, a, b, np.broadcast_to(bad, c.shape))  # inf where numpy puts it
+    got[4, 2] = 0.0
+    assert not check_product(got, a, b, np.broadcast_to(bad, c.shape))

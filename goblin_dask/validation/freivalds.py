@@ -148,7 +148,7 @@ def _check_2d(c, a, b, c0, *, k, rng) -> Verdict:
     # Rows and columns holding NaN or inf (or too large to square): the lab recomputes them.
     bad_rows, bad_cols = ~np.isfinite(a_n2), ~np.isfinite(b_n2)
     if c0 is not None:
-        bad_rows |= ~np.isfinite(c0).all(axis=1)
+        bad_rows |= ~_finite_rows(c0)
     every = slice(None)
     for sel, rows, cols in ((bad_rows, bad_rows, every), (bad_cols, every, bad_cols)):
         if sel.any():
@@ -167,19 +167,23 @@ def _check_2d(c, a, b, c0, *, k, rng) -> Verdict:
         a_n2, b_n2 = a_n2[good_r], b_n2[good_c]
     # Where a row of A or a column of B is all zeros, every honest kernel's product is exactly 0
     # (plus C0): not a subnormal of either sign (sqrt of one gives NaN where numpy gives 0).
-    zero_r, zero_c = ~a.any(axis=1), ~b.any(axis=0)
+    zero_r, zero_c = _zero_lines(a, a_n2, axis=1), _zero_lines(b, b_n2, axis=0)
     if zero_r.any() or zero_c.any():
         for rows, cols in ((zero_r, slice(None)), (slice(None), zero_c)):
             got = cg[rows][:, cols]
             if not np.array_equal(got, np.zeros_like(got) if c0g is None else c0g[rows][:, cols]):
                 return _decide(c, a_full, b_full, c0, part, a, b, u, work)
-    rho = _calibrate(a, b, a_n2, b_n2, rng, work) if u > 1e3 * _U64 else math.sqrt(inner) * u
     vectors = k or vectors_for()
+    r = br = None
+    if u > 1e3 * _U64:  # measured on a few rows, in the same pass over B as B R (its vectors drawn next)
+        rho, r, br = _calibrate(a, b, a_n2, b_n2, rng, work, vectors)
+    else:
+        rho = math.sqrt(inner) * u
     verdict = None
     if c.dtype == np.float64:  # the check computed in the volunteer's own precision: almost exactly
         verdict = _freivalds_exact(cg, a, b, c0g, a_n2, b_n2, rho=rho, k=vectors, rng=rng)
     if verdict is None:
-        verdict = _freivalds(cg, a, b, c0g, a_n2, b_n2, work=work, u=u, rho=rho, k=vectors, rng=rng)
+        verdict = _freivalds(cg, a, b, c0g, a_n2, b_n2, work=work, u=u, rho=rho, k=vectors, rng=rng, r=r, br=br)
     if verdict:
         return Verdict(True)
     # Suspicious: the lab computes the product itself and decides entry by entry.
@@ -337,14 +341,18 @@ def _close(got, want, bound_scaled, u: float, inner: int, exact=None) -> bool:
 
 
 def _freivalds(c, a, b, c0, a_n2, b_n2, *, work: np.dtype, u: float, rho: float, k: int,
-               rng: np.random.Generator) -> bool:
-    """The projected test: every |((C - C0) R - A (B R))_iv| within z honest standard deviations."""
+               rng: np.random.Generator, r: np.ndarray | None = None, br: np.ndarray | None = None) -> bool:
+    """The projected test: every |((C - C0) R - A (B R))_iv| within z honest standard deviations.
+
+    ``r`` and ``br``: the vectors and ``B R`` when the caller drew and computed them (:func:`_calibrate`)."""
     inner, m = a.shape[1], max(a.shape[1], b.shape[1])
-    r = rng.standard_normal((b.shape[1], k))
+    if r is None:
+        r = rng.standard_normal((b.shape[1], k))
     r2 = r * r
     r_norm = np.sqrt(r2.sum(axis=0))[None, :]
     with np.errstate(all="ignore"):
-        br = _times(b, r, work)
+        if br is None:
+            br = _times(b, r, work)
         if c0 is None:
             dr, c0_norm, c_norm = _times(c, r, work), None, None
         else:
@@ -393,18 +401,6 @@ def _times(x: np.ndarray, y: np.ndarray, work: np.dtype, norms: bool = False) ->
     return (out, row_norms) if norms else out
 
 
-def _times_left(s: np.ndarray, x: np.ndarray, work: np.dtype) -> np.ndarray:
-    """``s @ x`` in ``work`` precision, for a few rows ``s`` and a large ``x``, a block of rows of ``x`` at a time."""
-    s = s.astype(work, copy=False)
-    if x.dtype == work:
-        return s @ x
-    out = np.zeros((s.shape[0], x.shape[1]), work)
-    step = _rows_per_chunk(x, work)
-    for i in range(0, x.shape[0], step):
-        out += s[:, i:i + step] @ x[i:i + step].astype(work)
-    return out
-
-
 def _difference_terms(c, c0, r, work: np.dtype):
     """``(C - C0) r`` and the row norms of ``C0`` and of ``C``, in ``work``, a block of rows at a time.
 
@@ -421,21 +417,58 @@ def _difference_terms(c, c0, r, work: np.dtype):
     return cr - c0r, c0_norm, c_norm
 
 
-def _calibrate(a, b, a_n2, b_n2, rng: np.random.Generator, work: np.dtype) -> float:
-    """An honest kernel's error on this data, per unit of |a_i| |b_j|, measured on a few rows.
+def _calibrate(a, b, a_n2, b_n2, rng: np.random.Generator, work: np.dtype, vectors: int):
+    """An honest kernel's error on this data, per unit of |a_i| |b_j|, measured on a few rows; and the
+    test's Gaussian vectors ``R`` (drawn after the rows) with ``B R``, from the same pass over B.
 
     The lab computes random rows of the product in the volunteer's precision (as the
     catalog kernel does) and in float64; the largest ratio ``|e_s| / (|a_s| |B|_F)``
-    (floored at ``u / 4``) stands for every row.
+    (floored at ``u / 4``) stands for every row.  Returns ``(rho, R, B R)``.
     """
     u = _unit_roundoff(np.result_type(a.dtype, b.dtype))
     rows = rng.choice(a.shape[0], size=min(CALIBRATION_ROWS, a.shape[0]), replace=False)
+    r = rng.standard_normal((b.shape[1], vectors))
     with np.errstate(all="ignore"):
-        err = np.matmul(a[rows], b).astype(work) - _times_left(a[rows], b, work)
+        exact, br = _times_both(a[rows], b, r, work)
+        err = np.matmul(a[rows], b).astype(work) - exact
         err2, scale2 = _sq_norms(err, axis=1), a_n2[rows] * b_n2.sum()
         ratio = np.sqrt(err2[scale2 > 0] / scale2[scale2 > 0])
     measured = float(ratio.max(initial=0.0))
-    return max(measured, u / 4) if math.isfinite(measured) else math.sqrt(a.shape[1]) * u
+    rho = max(measured, u / 4) if math.isfinite(measured) else math.sqrt(a.shape[1]) * u
+    return rho, r, br
+
+
+def _times_both(s: np.ndarray, x: np.ndarray, r: np.ndarray, work: np.dtype):
+    """``(s @ x, x @ r)`` in ``work`` precision, for a few rows ``s``, a large ``x`` and a thin ``r``: one
+    conversion of each block of rows of ``x`` serves both (it is the check's largest cost)."""
+    s = s.astype(work, copy=False)
+    if x.dtype == work:
+        return s @ x, x @ r
+    left = np.zeros((s.shape[0], x.shape[1]), work)
+    right = np.empty((x.shape[0], r.shape[1]), np.result_type(work, r.dtype))
+    step = _rows_per_chunk(x, work)
+    for i in range(0, x.shape[0], step):
+        xi = x[i:i + step].astype(work)
+        left += s[:, i:i + step] @ xi
+        np.matmul(xi, r, out=right[i:i + step])
+    return left, right
+
+
+def _finite_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` (2-d) holding only finite numbers; a row broadcast down ``x`` (a bias) is looked at once."""
+    if x.shape[0] > 1 and x.strides[0] == 0:
+        return np.full(x.shape[0], bool(np.isfinite(x[0]).all()))
+    return np.isfinite(x).all(axis=1)
+
+
+def _zero_lines(x: np.ndarray, sq_norms: np.ndarray, axis: int) -> np.ndarray:
+    """Rows (axis=1) or columns (axis=0) of ``x`` that are all zeros, from their squared norms: a line
+    of norm 0 is all zeros or holds only numbers whose squares underflow, which one look tells apart."""
+    zero = sq_norms == 0
+    if zero.any():
+        lines = np.flatnonzero(zero)
+        zero[lines] = ~(x[lines].any(axis=1) if axis == 1 else x[:, lines].any(axis=0))
+    return zero
 
 
 def _sq_norms(x: np.ndarray, axis: int) -> np.ndarray:
