@@ -484,6 +484,14 @@ def _resolve(v: Any, concrete: bool = False) -> Any:
     return v
 
 
+def volunteer_threads() -> int:
+    """The task threads of the volunteers connected now (the lab node's one reading of its workers)."""
+    from goblin_dask.array.linalg import _workers_info
+    from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+    return sum(int(w.get("nthreads", 1)) for w in _workers_info() if VOLUNTEER_RESOURCE in (w.get("resources") or {}))
+
+
 def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None) -> int:
     """How many stage tasks a pass is cut into along the batch (0: none, run op by op).
 
@@ -495,14 +503,12 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
     volunteer thread, at most one per batch row, at least ``1 / max-share`` when an input is capped
     lab data, so that no task holds more of it than a product tile would."""
     from goblin_dask import settings
-    from goblin_dask.array.linalg import _workers_info, volunteer_capacity
+    from goblin_dask.array.linalg import volunteer_capacity
     from goblin_dask.array.sources import share_cap, upload_client
-    from goblin_dask.roles import VOLUNTEER_RESOURCE
 
     if not settings.get("goblin.stage.tasks") or upload_client() is None:
         return 0
-    threads = sum(int(w.get("nthreads", 1)) for w in _workers_info()
-                  if VOLUNTEER_RESOURCE in (w.get("resources") or {}))
+    threads = volunteer_threads()
     if not threads:
         return 0
     xs = [env[i["name"]] for i in graph.inputs]

@@ -93,20 +93,20 @@ def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict
             "buffers": [_assemble(b) for b in buffers]}
 
 
-def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
-                     packed: Sequence[np.ndarray], layouts: Sequence[Sequence[tuple]], buffers: Sequence[Any],
-                     buffer_forms: Sequence[tuple]) -> dict:
+def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], packed: Sequence[np.ndarray],
+                     layouts: Sequence[tuple], buffers: Sequence[Any], buffer_forms: Sequence[tuple]) -> dict:
     """:func:`lab_round` on stage tasks' packed results, cut here in one task instead of one task per output.
 
-    ``layouts[i]``: micro-batch ``i``'s loss, gradients and buffers, in that order, each
-    ``("packed", start, stop, shape, dtype)`` (a view of ``packed[i]``), ``("input", j)`` (the pass's
-    ``j``-th input as it came in: the parameters, then the buffers that micro-batch read) or
-    ``("literal", value)``.  ``buffers``: the round's buffers as they came in; they come back in
-    ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
+    Task ``t`` ran ``n`` micro-batches of the round's ``weights`` and packed, in this order, their ``n``
+    losses, its gradients already weighted and summed over them, and the buffers after the last:
+    ``layouts[t] = (n, weights, outputs)``, each output ``("packed", start, stop, shape, dtype)`` (a view of
+    ``packed[t]``), ``("input", j)`` (the task's ``j``-th input as it came in: the parameters, then the
+    buffers it read) or ``("literal", value)``.  ``buffers``: the round's buffers as they came in; they come
+    back in ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
     params = [_assemble(p) for p in params]
     current = [_assemble(b) for b in buffers]
-    n, outs = len(params), []
-    for p, where in zip(packed, layouts):
+    p_count, losses, grads = len(params), [], []
+    for p, (n, weights, where) in zip(packed, layouts):
         out = []
         for w in where:
             if w[0] == "packed":
@@ -116,9 +116,10 @@ def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequen
                 out.append((params + current)[w[1]])
             else:
                 out.append(np.asarray(w[1]))
-        current = out[1 + n:]
-        outs.append(out)
-    out = lab_round(hyper, params, state, weights, [o[0] for o in outs], [o[1:1 + n] for o in outs], current)
+        losses.append(np.float64(sum(wt * float(l) for wt, l in zip(weights, out[:n]))))
+        grads.append(out[n:n + p_count])
+        current = out[n + p_count:]
+    out = lab_round(hyper, params, state, [1.0] * len(packed), losses, grads, current)
     out["buffers"] = [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(out["buffers"], buffer_forms)]
     return out
 

@@ -21,6 +21,7 @@ as lab arrays of kind ``"parameters"`` (not capped by ``goblin.minimization.max-
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -276,21 +277,26 @@ class Trainer:
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
         packed, layouts = [], []
-        for i, idx in enumerate(parts):
+        for group in (self._stage_groups(x, y, parts) if staged == "packed" else ()):
+            program = self._group_program(x, y, parts, weights, group, params, bufs)
+            inputs = [*params, *bufs]
+            for i in group:
+                lo, hi = parts[i][0], parts[i][-1] + 1
+                graph = self._graph_for(x[lo:hi], y[lo:hi])
+                inputs += [xa[lo:hi], ya[lo:hi], *(graph._constant(k) for k in graph._stage_names()[len(graph.inputs):])]
+            stage, _ = prog.call_packed(program, *inputs)
+            where = prog.layout(program.spec)
+            where = [("packed", *where[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
+            packed.append(stage)
+            layouts.append((len(group), [weights[i] for i in group], where))
+            # the next group's forward sees the running statistics so far
+            bufs = [_cut(stage, w) if w[0] == "packed" else
+                    (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
+                    for w in where[len(group) + P:]]
+        for i, idx in enumerate(parts if staged != "packed" else ()):
             lo, hi = idx[0], idx[-1] + 1
             xi, yi = x[lo:hi], y[lo:hi]
             graph = self._graph_for(xi, yi)
-            if staged == "packed":
-                stage, program = graph.stage_packed(*params, *bufs, xa[lo:hi], ya[lo:hi])
-                where = prog.layout(program.spec)
-                where = [("packed", *where[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
-                packed.append(stage)
-                layouts.append(where)
-                # the next micro-batch's forward sees the running statistics so far
-                bufs = [_cut(stage, w) if w[0] == "packed" else
-                        (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
-                        for w in where[1 + P:]]
-                continue
             with random_seed((self.seed, self.rounds, i)):
                 out = graph(*params, *bufs, xa[lo:hi], ya[lo:hi], slices=1) if staged else graph(*params, *bufs, xi, yi)
             out = [o if isinstance(o, ga.Array) else ga.from_array(np.asarray(o)) for o in out]
@@ -315,13 +321,76 @@ class Trainer:
         if staged == "packed":
             forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
             dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
-                                 TaskRef(state_key), list(weights), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
+                                 TaskRef(state_key), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
                                  layouts, List(*(refs(b) for b in bufs0)), forms)
         else:
             dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
                                  List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
         return dsk, step_key
+
+    def _stage_groups(self, x: np.ndarray, y: np.ndarray, parts: list) -> list[list[int]]:
+        """The micro-batches each stage task runs, consecutive ones together: as few tasks as keep every
+        volunteer thread busy (one, where each micro-batch reads the buffers the one before it wrote: they run
+        in turn anyway), and as many as ``goblin.minimization.max-share`` needs, no task holding more of the
+        batch than its share.  A task returns one gradient, its micro-batches' sum, whatever their number."""
+        from goblin_dask.array.sources import share_cap
+        from goblin_dask.torch_capture.graph import volunteer_threads
+
+        m = len(parts)
+        need = 1
+        for a in (x, y):
+            cap = share_cap(int(a.size))
+            if cap:
+                need = max(need, math.ceil(a.size / cap))
+        lo, hi = parts[0][0], parts[0][-1] + 1
+        program = self._graph_for(x[lo:hi], y[lo:hi]).stage_program(
+            [tuple(v.shape) for v in (*self._params.values(), *self._buffers.values())] + [x[lo:hi].shape, y[lo:hi].shape])
+        p = len(self.param_names)
+        chained = any(kind != "input" for kind, _ in program.results[1 + p:])  # buffers the pass writes
+        tasks = min(m, max(need, 1 if chained else volunteer_threads()))
+        return [list(g) for g in np.array_split(np.arange(m), tasks)]
+
+    def _group_program(self, x: np.ndarray, y: np.ndarray, parts: list, weights: list, group: list,
+                       params: list, bufs: list) -> Any:
+        """One stage program for the micro-batches of ``group``: each one's forward and backward in turn (the
+        buffers one writes read by the next), the gradients summed with the round's weights in micro-batch
+        order (as the lab's step sums them, and torch accumulates them); out come each micro-batch's loss, the
+        summed gradients and the buffers after the last.  Traced once per shapes and weights."""
+        import goblin_dask.array as ga
+        from goblin_dask.array import program as prog
+        from goblin_dask.ops.spec import Aval
+
+        graphs = [self._graph_for(x[parts[i][0]:parts[i][-1] + 1], y[parts[i][0]:parts[i][-1] + 1]) for i in group]
+        key = tuple((tuple(g.inputs[-2]["shape"]), weights[i]) for g, i in zip(graphs, group))
+        key = (key, tuple(x[parts[i][0]:parts[i][-1] + 1].shape for i in group))
+        cache = self.__dict__.setdefault("_group_programs", {})
+        if key in cache:
+            return cache[key]
+        P, B = len(params), len(bufs)
+        avals = [Aval(tuple(a.shape), a.dtype) for a in (*params, *bufs)]
+        names = [g._stage_names() for g in graphs]
+        for i, g, nm in zip(group, graphs, names):
+            lo, hi = parts[i][0], parts[i][-1] + 1
+            avals += [Aval(x[lo:hi].shape, x.dtype), Aval(y[lo:hi].shape, y.dtype)]
+            avals += [Aval.of(g._constant_value(k)) for k in nm[len(g.inputs):]]
+        dtypes = [a.dtype for a in avals[:P]]
+
+        def fn(*arrays):
+            ps, bs, at = list(arrays[:P]), list(arrays[P:P + B]), P + B
+            losses, total = [], None
+            for i, g, nm in zip(group, graphs, names):
+                mine = arrays[at:at + len(nm) - P - B]
+                at += len(nm) - P - B
+                out = g._evaluate(dict(zip(nm, [*ps, *bs, *mine])))
+                losses.append(out[0])
+                scaled = [ga.multiply(gr, dt.type(weights[i])) for gr, dt in zip(out[1:1 + P], dtypes)]
+                total = scaled if total is None else [ga.add(t, s) for t, s in zip(total, scaled)]
+                bs = list(out[1 + P:])
+            return [*losses, *total, *bs]
+
+        cache[key] = prog.trace(fn, avals)
+        return cache[key]
 
     def _model_arrays(self, tok: str) -> tuple[list, list]:
         """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
