@@ -107,9 +107,9 @@ def stream_breakdown(stream: list[dict], vol_addrs: set, lab_addr: str) -> dict:
     return res
 
 
-def process_cpu(node) -> dict[str, float]:
+def process_cpu(node, *, each: bool = False, researcher: bool = False) -> dict[str, float]:
     """CPU seconds (user + system, children included) of the grid's processes so far: lab worker,
-    scheduler, volunteers (summed)."""
+    scheduler, volunteers (summed; ``each``: by name), and with ``researcher`` this process's own."""
     import psutil
 
     from goblin_dask.roles import LAB_WORKER_NAME
@@ -120,9 +120,34 @@ def process_cpu(node) -> dict[str, float]:
             t = psutil.Process(proc.pid).cpu_times()
         except psutil.Error:
             continue
-        where = "lab worker" if part == LAB_WORKER_NAME else ("scheduler" if part == "scheduler" else "volunteers")
+        where = "lab worker" if part == LAB_WORKER_NAME else (
+            part if each or part == "scheduler" else "volunteers")
         out[where] = out.get(where, 0.0) + t.user + t.system + t.children_user + t.children_system
+    if researcher:
+        t = psutil.Process().cpu_times()
+        out["researcher"] = t.user + t.system
     return out
+
+
+def volunteer_chains(graph: dict) -> dict:
+    """Volunteer tasks of an optimized graph (its checks inserted), and lab <-> volunteer round trips on its
+    longest path: a volunteer task whose input on the path is not itself a volunteer result starts a new trip."""
+    from graphlib import TopologicalSorter
+
+    from dask._task_spec import GraphNode
+
+    from goblin_dask.validation.checks import is_unverified_key
+
+    deps = {k: {d for d in (v.dependencies if isinstance(v, GraphNode) else ()) if d in graph}
+            for k, v in graph.items()}
+    vol = {k for k in graph if is_unverified_key(k)}
+    trips: dict = {}
+    for key in TopologicalSorter(deps).static_order():
+        if key in vol:  # fed by another volunteer result: the same trip; else a new one
+            trips[key] = max((trips[d] + (0 if d in vol else 1) for d in deps[key]), default=1)
+        else:
+            trips[key] = max((trips[d] for d in deps[key]), default=0)
+    return {"volunteer_tasks": len(vol), "round_trips": max(trips.values(), default=0)}
 
 
 def main(argv=None) -> int:

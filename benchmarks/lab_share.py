@@ -15,7 +15,7 @@ workload, on ``LabNode.local(volunteers=2)``, over the measured repetitions (aft
   both directions, TCP payload and headers, counted by an nftables rule on the loopback interface
   (volunteers reach the lab only through those ports; none reaches another), so TLS framing and
   dask's messages count as well as the arrays.  Needs root and ``nft``; else left out;
-* lab <-> volunteer round trips: the longest chain of volunteer tasks in the graph (every result goes
+* lab <-> volunteer round trips on the graph's longest path (``capture.volunteer_chains``: every result goes
   back to the lab to be verified before any task reads it);
 * the projection: on machines of their own, no process can finish a round before its own CPU time,
   so a round takes at least ``max(scheduler, lab worker, researcher, volunteers / N)`` CPU seconds;
@@ -41,6 +41,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _results import write_section  # noqa: E402
+from capture import process_cpu, volunteer_chains  # noqa: E402
 
 SECTION = "## The lab's share: CPU per process, bytes on the wire (issue 28)"
 
@@ -84,44 +85,9 @@ def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-def process_cpu(node) -> dict[str, float]:
-    """CPU seconds so far of each grid process (volunteers summed) and of this, the researcher's, process."""
-    import psutil
-
-    from capture import process_cpu as grid_cpu
-
-    out = grid_cpu(node)
-    t = psutil.Process().cpu_times()
-    out["researcher"] = t.user + t.system
-    return out
-
-
-def volunteer_depth(dsk: dict) -> int:
-    """The longest chain of volunteer-placed tasks in a graph: its lab <-> volunteer round trips."""
-    from dask._task_spec import convert_legacy_graph
-
-    from goblin_dask.ops.spec import CatalogTask
-
-    graph = convert_legacy_graph(dict(dsk))
-    depth: dict = {}
-
-    def of(key) -> int:
-        if key in depth:
-            return depth[key]
-        stack = [key]
-        while stack:  # iterative: a chain of thousands of tasks would overflow recursion
-            k = stack[-1]
-            deps = [d for d in graph[k].dependencies if d in graph and d not in depth]
-            if deps:
-                stack.extend(deps)
-                continue
-            stack.pop()
-            t = graph[k]
-            here = int(isinstance(t, CatalogTask) and t.placement == "volunteer")
-            depth[k] = here + max((depth[d] for d in t.dependencies if d in graph), default=0)
-        return depth[key]
-
-    return max((of(k) for k in graph), default=0)
+def round_trips(a) -> int:
+    """Lab <-> volunteer round trips of computing ``a`` (its graph optimized as compute would, checks inserted)."""
+    return volunteer_chains(dict(a.__dask_optimize__(dict(a.__dask_graph__()), a.__dask_keys__())))["round_trips"]
 
 
 class Measure:
@@ -131,10 +97,10 @@ class Measure:
         self.node, self.wire = node, wire
 
     def start(self) -> None:
-        self.cpu0, self.bytes0, self.t0 = process_cpu(self.node), self.wire.read(), time.perf_counter()
+        self.cpu0, self.bytes0, self.t0 = process_cpu(self.node, researcher=True), self.wire.read(), time.perf_counter()
 
     def stop(self, n: int) -> dict:
-        cpu1, bytes1, wall = process_cpu(self.node), self.wire.read(), (time.perf_counter() - self.t0) / n
+        cpu1, bytes1, wall = process_cpu(self.node, researcher=True), self.wire.read(), (time.perf_counter() - self.t0) / n
         cpu = {k: (cpu1[k] - self.cpu0.get(k, 0.0)) / n for k in cpu1}
         if bytes1 is None:
             return {"cpu": cpu, "bytes": None, "wire": {}, "wall": wall}
@@ -146,9 +112,9 @@ def idle_cpu(node, seconds: float) -> dict[str, float]:
     """CPU seconds per second of each process of an idle grid (heartbeats, monitors): a share of every
     measured round that grows with its wall time, which on this shared machine is longer than on machines
     of their own."""
-    c0, t0 = process_cpu(node), time.perf_counter()
+    c0, t0 = process_cpu(node, researcher=True), time.perf_counter()
     time.sleep(seconds)
-    c1, t1 = process_cpu(node), time.perf_counter()
+    c1, t1 = process_cpu(node, researcher=True), time.perf_counter()
     return {k: (c1[k] - c0.get(k, 0.0)) / (t1 - t0) for k in c1}
 
 
@@ -201,7 +167,7 @@ def lm_round(node, wire, args) -> dict:
                       micro_batches=args.micro_batches, client=node.client)
     trainer.step(*batches[0])  # traces the joint graph; the model's arrays go up once
     dsk, _ = trainer.round_graph(*batches[1])
-    trips = volunteer_depth(dsk)
+    trips = volunteer_chains(dsk)["round_trips"]
     m = Measure(node, wire)
     rep0 = node.report()
     m.start()
@@ -232,7 +198,7 @@ def gpt_forward(node, wire, args) -> dict:
     graph = goblin_dask.capture(model, (tids,))
     graph(ids).compute()  # warm-up: the constants go up once, kernels compile
     out_arr = graph(ids)
-    trips = volunteer_depth(dict(out_arr.__dask_graph__()))
+    trips = round_trips(out_arr)
     m = Measure(node, wire)
     rep0 = node.report()
     m.start()
@@ -255,7 +221,7 @@ def product(node, wire, args) -> dict:
     reference = reference_cpu(lambda: a @ b, 1)
     x, y = ga.from_array(a), ga.from_array(b)
     (x @ y).compute()
-    trips = volunteer_depth(dict((x @ y).__dask_graph__()))
+    trips = round_trips(x @ y)
     m = Measure(node, wire)
     rep0 = node.report()
     m.start()

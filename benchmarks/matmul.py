@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import write_section  # noqa: E402
+from capture import process_cpu, volunteer_chains  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 SECTION = "## Matrix product (issue 3)"
@@ -469,26 +470,6 @@ def main_19(args, argv) -> int:
 SECTION_28 = "## The lab's share of a verified product (issue 28)"
 
 
-def grid_process_cpu(node) -> dict[str, float]:
-    """CPU seconds (user + system) so far of each process of a LabNode.local grid, by part, and of this
-    process (the researcher's)."""
-    import psutil
-
-    from goblin_dask.roles import LAB_WORKER_NAME
-
-    out: dict[str, float] = {}
-    for part, proc in node.processes.items():
-        try:
-            t = psutil.Process(proc.pid).cpu_times()
-        except psutil.Error:
-            continue
-        name = "lab worker" if part == LAB_WORKER_NAME else part
-        out[name] = t.user + t.system + t.children_user + t.children_system
-    t = psutil.Process().cpu_times()
-    out["researcher"] = t.user + t.system
-    return out
-
-
 def lab_worker_traffic(dask_worker=None) -> dict:
     """On the lab worker (``client.run``): bytes it sent to and received from peers so far."""
     from distributed import get_worker
@@ -497,28 +478,6 @@ def lab_worker_traffic(dask_worker=None) -> dict:
     return {"sent": int(w.transfer_outgoing_bytes_total),
             "received": int(sum(e.get("total", 0) for e in w.transfer_incoming_log)),
             "received_log": len(w.transfer_incoming_log), "sent_log": len(w.transfer_outgoing_log)}
-
-
-def volunteer_chains(graph: dict) -> dict:
-    """Volunteer tasks of an optimized graph, and lab <-> volunteer round trips on its longest path: a
-    volunteer task whose input on the path is not itself a volunteer result starts a new round trip."""
-    from graphlib import TopologicalSorter
-
-    from dask._task_spec import GraphNode
-
-    from goblin_dask.validation.checks import is_unverified_key
-
-    deps = {k: {d for d in (v.dependencies if isinstance(v, GraphNode) else ()) if d in graph}
-            for k, v in graph.items()}
-    vol = {k for k in graph if is_unverified_key(k)}
-    trips: dict = {}
-    for key in TopologicalSorter(deps).static_order():
-        if key in vol:  # fed by another volunteer result: the same trip; else a new one
-            trips[key] = max((trips[d] + (0 if d in vol else 1) for d in deps[key]), default=1)
-        else:
-            trips[key] = max((trips[d] for d in deps[key]), default=0)
-    longest = max(trips.values(), default=0)
-    return {"volunteer_tasks": len(vol), "round_trips": longest}
 
 
 def lab_share_case(n: int, dt, *, chunks: int, node, rng, repeats: int = 3) -> dict:
@@ -549,11 +508,11 @@ def lab_share_case(n: int, dt, *, chunks: int, node, rng, repeats: int = 3) -> d
         time.sleep(1.0)
         rep0 = node.report()
         net0 = client.run(lab_worker_traffic, workers=[lab])[lab]
-        cpu0 = grid_process_cpu(node)
+        cpu0 = process_cpu(node, each=True, researcher=True)
         t = time.perf_counter()
         c = z.compute()
         wall = time.perf_counter() - t
-        cpu1 = grid_process_cpu(node)
+        cpu1 = process_cpu(node, each=True, researcher=True)
         net1 = client.run(lab_worker_traffic, workers=[lab])[lab]
         rep1 = node.report()
         err_first = max(err_first, max_rel_error(c, ref))

@@ -12,7 +12,6 @@ inputs' shapes and dtypes once and reused for every call with those shapes.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -311,9 +310,3 @@ def call(program: Program, *inputs: Any) -> list[Any]:
             piece = ga.reshape(packed[start:stop], shape)
             out.append(piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype)))
     return out
-
-
-def unpack(packed: np.ndarray, spec: tuple) -> list[np.ndarray]:
-    """A program's packed result as its outputs (views where the dtype is the result's)."""
-    return [np.asarray(packed[start:stop]).reshape(shape).astype(np.dtype(dtype), copy=False)
-            for start, stop, shape, dtype in layout(spec)]

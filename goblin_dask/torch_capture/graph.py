@@ -329,23 +329,6 @@ class Graph:
 
         return any("random" in aten.TABLE[n["op"]].needs for n in self.nodes)
 
-    def stage_packed(self, *args: Any) -> tuple[Any, Any] | None:
-        """The whole call as one stage task, the batch uncut: ``(packed, program)``, its packed result (a
-        one-block ga array, outputs cut by :func:`goblin_dask.array.program.layout`) and its program; None
-        where the call would run op by op (:func:`stage_slices`, :meth:`stage_program`)."""
-        from goblin_dask.array import program as prog
-
-        env = self._inputs(args)
-        if not stage_slices(self, env, 1):
-            return None
-        inputs = [x.array() if isinstance(x, _LazyConstant) else x for x in (env[i["name"]] for i in self.inputs)]
-        program = self.stage_program([x.shape for x in inputs])
-        if program is None:
-            return None
-        lab = [self._constant(k) for k in self._stage_names()[len(self.inputs):]]
-        packed, _ = prog.call_packed(program, *inputs, *lab)
-        return packed, program
-
     def _staged(self, env: dict[str, Any], slices: int | None = None) -> tuple | None:
         """The outputs as stage tasks, one per slice of the batch (:func:`stage_slices`), or None: op by op."""
         from goblin_dask.array import program as prog

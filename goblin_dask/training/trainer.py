@@ -167,6 +167,7 @@ class Trainer:
         self._state = [self._torch_state(optimizer.state.get(named[n], {})) for n in self.param_names]
         self._alias = {n: by_id[id(t)] for n, t in model.named_parameters(remove_duplicate=False)}
         self._joint: dict[tuple, Any] = {}
+        self._group_programs: dict[tuple, Any] = {}  # stage programs of several micro-batches, by shapes and weights
         self.history: list[dict] = []
         self.rounds = 0
         #: the Future of the lab worker's result of the last round that kept its parameters, buffers and
@@ -344,12 +345,17 @@ class Trainer:
             if cap:
                 need = max(need, math.ceil(a.size / cap))
         lo, hi = parts[0][0], parts[0][-1] + 1
-        program = self._graph_for(x[lo:hi], y[lo:hi]).stage_program(
-            [tuple(v.shape) for v in (*self._params.values(), *self._buffers.values())] + [x[lo:hi].shape, y[lo:hi].shape])
+        program = self._micro_program(x[lo:hi], y[lo:hi])
         p = len(self.param_names)
         chained = any(kind != "input" for kind, _ in program.results[1 + p:])  # buffers the pass writes
         tasks = min(m, max(need, 1 if chained else volunteer_threads()))
         return [list(g) for g in np.array_split(np.arange(m), tasks)]
+
+    def _micro_program(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """The stage program of one micro-batch ``(x, y)``'s forward and backward (traced once per shapes), or
+        None where it cannot be one (:meth:`Graph.stage_program`)."""
+        shapes = [v.shape for v in (*self._params.values(), *self._buffers.values())]
+        return self._graph_for(x, y).stage_program([*shapes, x.shape, y.shape])
 
     def _group_program(self, x: np.ndarray, y: np.ndarray, parts: list, weights: list, group: list,
                        params: list, bufs: list) -> Any:
@@ -361,18 +367,16 @@ class Trainer:
         from goblin_dask.array import program as prog
         from goblin_dask.ops.spec import Aval
 
-        graphs = [self._graph_for(x[parts[i][0]:parts[i][-1] + 1], y[parts[i][0]:parts[i][-1] + 1]) for i in group]
-        key = tuple((tuple(g.inputs[-2]["shape"]), weights[i]) for g, i in zip(graphs, group))
-        key = (key, tuple(x[parts[i][0]:parts[i][-1] + 1].shape for i in group))
-        cache = self.__dict__.setdefault("_group_programs", {})
-        if key in cache:
-            return cache[key]
+        slices = [(x[parts[i][0]:parts[i][-1] + 1], y[parts[i][0]:parts[i][-1] + 1]) for i in group]
+        key = tuple((xi.shape, yi.shape, weights[i]) for (xi, yi), i in zip(slices, group))
+        if key in self._group_programs:
+            return self._group_programs[key]
+        graphs = [self._graph_for(xi, yi) for xi, yi in slices]
         P, B = len(params), len(bufs)
         avals = [Aval(tuple(a.shape), a.dtype) for a in (*params, *bufs)]
         names = [g._stage_names() for g in graphs]
-        for i, g, nm in zip(group, graphs, names):
-            lo, hi = parts[i][0], parts[i][-1] + 1
-            avals += [Aval(x[lo:hi].shape, x.dtype), Aval(y[lo:hi].shape, y.dtype)]
+        for (xi, yi), g, nm in zip(slices, graphs, names):
+            avals += [Aval(xi.shape, xi.dtype), Aval(yi.shape, yi.dtype)]
             avals += [Aval.of(g._constant_value(k)) for k in nm[len(g.inputs):]]
         dtypes = [a.dtype for a in avals[:P]]
 
@@ -389,8 +393,8 @@ class Trainer:
                 bs = list(out[1 + P:])
             return [*losses, *total, *bs]
 
-        cache[key] = prog.trace(fn, avals)
-        return cache[key]
+        self._group_programs[key] = prog.trace(fn, avals)
+        return self._group_programs[key]
 
     def _model_arrays(self, tok: str) -> tuple[list, list]:
         """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
@@ -448,7 +452,7 @@ class Trainer:
                            [*params, *bufs, _LazyConstant(None, "x", x[lo:hi]), _LazyConstant(None, "y", y[lo:hi])]))
             if not stage_slices(graph, env, 1):
                 return False
-            program = graph.stage_program([tuple(a.shape) for a in (*params, *bufs)] + [x[lo:hi].shape, y[lo:hi].shape])
+            program = self._micro_program(x[lo:hi], y[lo:hi])
             if program is None:
                 return False
             # an output that is one of the parameters or buffers as they came in (a buffer the pass leaves as it

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import numpy as np
 from dask._task_spec import GraphNode, Task, TaskRef
+from dask.base import tokenize
 
 from goblin_dask import settings
 from goblin_dask.node.rpc import POLICY as POLICY_HANDLER  # the scheduler handler asked how to verify a replica
@@ -75,10 +76,8 @@ def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, G
             out[raw] = CatalogTask(raw, node.func, *node.args, placement="volunteer", **node.kwargs)
             out[key] = check = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
                                     method=forced, refs=_refs(node.args))
-            if "program" in node.kwargs:  # its token from the stage task's own (a program is slow to tokenize)
-                from dask.base import tokenize
-
-                check._token = tokenize(("accept", out[raw]._get_token(), raw, forced, _refs(node.args)))
+            # its token from the checked task's own: the operands and parameters are tokenized once, not twice
+            check._token = tokenize(("accept", out[raw]._get_token(), raw, forced, _refs(node.args)))
         else:
             out[key] = node
     return out
