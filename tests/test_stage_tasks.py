@@ -403,3 +403,163 @@ def test_two_colluding_volunteers_agreeing_on_a_wrong_stage_result_are_caught_by
         for name in pair:
             assert "audit" in {r["method"] for r in report["rejections"] if r["volunteer"] == name}, report
 
+
+
+# -- local steps (DiLoCo) -----------------------------------------------------------------------
+
+
+def _torch_outer_round(model, outer, make_inner, loss_fn, x, y, workers, inner_steps):
+    """DiLoCo's round in torch: each worker a copy of ``model`` taking ``inner_steps`` steps of a fresh inner
+    optimizer on consecutive slices of its shard; the outer SGD steps with the share-weighted mean of
+    (start - end) as the gradient; float buffers the share-weighted mean, integer ones rounded."""
+    n = len(x)
+    start = [p.detach().clone() for p in model.parameters()]
+    delta = [torch.zeros_like(p) for p in start]
+    buffers = [torch.zeros_like(b, dtype=torch.float64) for b in model.buffers()]
+    loss = 0.0
+    for shard in np.array_split(np.arange(n), workers):
+        share = len(shard) / n
+        worker = copy.deepcopy(model)
+        inner = make_inner(worker)
+        for idx in np.array_split(shard, inner_steps):
+            inner.zero_grad()
+            step_loss = loss_fn(worker(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
+            step_loss.backward()
+            inner.step()
+            loss += float(step_loss.detach()) * len(idx) / n
+        for d, p0, p in zip(delta, start, worker.parameters()):
+            d += share * (p0 - p.detach())
+        for total, b in zip(buffers, worker.buffers()):
+            total += share * b.double()
+    outer.zero_grad()
+    for p, d in zip(model.parameters(), delta):
+        p.grad = d
+    outer.step()
+    with torch.no_grad():
+        for b, total in zip(model.buffers(), buffers):
+            b.copy_(total.to(b.dtype) if b.dtype.is_floating_point else total.round().to(b.dtype))
+    return loss
+
+
+def _assert_state_is(trainer, ref):
+    state = trainer.state_dict()
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+
+
+def test_local_steps_give_torchs_diloco_round_and_resume_from_a_checkpoint(stage_grid, tmp_path):
+    """``inner_steps=2`` on 2 workers: each worker's 2 inner SGD steps are one stage task (replicated), the lab
+    steps DiLoCo's outer Nesterov SGD with the averaged pseudo-gradient; the losses and the model after each
+    round are those of the same computation in torch, a checkpoint resumes it, the outer momentum stays on the
+    lab worker, and no parameter number rides in a later round's graph."""
+    from goblin_dask.training import Trainer, optim
+
+    torch.manual_seed(8)
+    model = gpt(64, 32, 2, 16, 2).train()
+    ref = copy.deepcopy(model)
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True)  # noqa: E731
+    trainer = Trainer(model, lm_loss, make(model), micro_batches=2, inner_steps=2, client=stage_grid.client)
+    outer = torch.optim.SGD(ref.parameters(), lr=0.7, momentum=0.9, nesterov=True)  # DiLoCo's, the default
+    batches = [_batch(rows=8, seed=60 + r) for r in range(3)]
+    for x, y in batches[:2]:
+        want = _torch_outer_round(ref, outer, make, lm_loss, x, y, workers=2, inner_steps=2)
+        assert trainer.step(x, y) == pytest.approx(want, rel=1e-4)
+        v = trainer.history[-1]["verification"]
+        assert v["rejected"] == 0 and _replicated(v["by_method"]) == 4, v  # 2 workers' tasks and their replicas
+    dsk, key = trainer.round_graph(*batches[2])
+    assert dsk[key].func is optim.lab_outer_round_packed
+    assert sum(isinstance(t, CatalogTask) and t.op.name == "program" for t in dsk.values()) == 2
+    assert set(_parameter_numbers_in(dsk, 2)) <= {batches[2][0].shape}
+    _assert_state_is(trainer, ref)
+    path = trainer.save(tmp_path)
+    again = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="inner_steps=2"):
+        Trainer.resume(path, again, lm_loss, make(again), micro_batches=2, client=stage_grid.client)
+    resumed = Trainer.resume(path, again, lm_loss, make(again), micro_batches=2, inner_steps=2,
+                             client=stage_grid.client)
+    want = _torch_outer_round(ref, outer, make, lm_loss, *batches[2], workers=2, inner_steps=2)
+    assert resumed.step(*batches[2]) == pytest.approx(want, rel=1e-4)
+    _assert_state_is(resumed, ref)
+
+
+def test_local_adamw_steps_with_batchnorm_average_the_workers_statistics(stage_grid):
+    """A CNN with BatchNorm, AdamW inside (fresh each round), a plain outer SGD: the parameters, the running
+    statistics (the workers' average) and the count of batches after two rounds are torch's."""
+    from torch import nn
+
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(9)
+    # no bias before BatchNorm: its gradient is rounding noise (BatchNorm removes it), which Adam scales up to lr
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 5)).train()
+    ref = copy.deepcopy(model)
+    make = lambda m: torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.01)  # noqa: E731
+    trainer = Trainer(model, F.cross_entropy, make(model), micro_batches=2, inner_steps=3, client=stage_grid.client,
+                      outer_optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
+    outer = torch.optim.SGD(ref.parameters(), lr=0.5)
+    rng = np.random.default_rng(10)
+    for _ in range(2):
+        x, y = rng.standard_normal((13, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 13)  # uneven shards
+        want = _torch_outer_round(ref, outer, make, F.cross_entropy, x, y, workers=2, inner_steps=3)
+        assert trainer.step(x, y) == pytest.approx(want, rel=1e-4)
+    _assert_state_is(trainer, ref)
+
+
+def test_local_steps_refuse_what_they_cannot_run_before_anything_is_sent(stage_grid):
+    from torch import nn
+
+    from goblin_dask.training import Trainer
+
+    model = gpt(64, 32, 2, 16, 2).train()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="inner_steps must be a positive int"):
+            Trainer(model, lm_loss, sgd, inner_steps=bad)
+    with pytest.raises(ValueError, match="give inner_steps > 1"):
+        Trainer(model, lm_loss, sgd, outer_optimizer=torch.optim.SGD(model.parameters(), lr=0.7))
+    with pytest.raises(TypeError, match="outer step is torch.optim.SGD"):
+        Trainer(model, lm_loss, sgd, inner_steps=2, outer_optimizer=torch.optim.Adam(model.parameters()))
+    with pytest.raises(ValueError, match="not in outer_optimizer"):
+        Trainer(model, lm_loss, sgd, inner_steps=2, outer_optimizer=torch.optim.SGD(list(model.parameters())[:1], lr=1))
+    trainer = Trainer(model, lm_loss, sgd, micro_batches=2, inner_steps=4, client=stage_grid.client)
+    before = stage_grid.report()
+    with pytest.raises(ValueError, match="2 micro-batches of 4 inner steps"):
+        trainer.step(*_batch(rows=7))
+    dropout = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).train()
+    trainer = Trainer(dropout, F.cross_entropy, torch.optim.SGD(dropout.parameters(), lr=0.1), micro_batches=2,
+                      inner_steps=2, client=stage_grid.client)
+    x, y = np.ones((8, 8), np.float32), np.zeros(8, np.int64)
+    with pytest.raises(ValueError, match="inner_steps=2: each worker's steps run as one stage task"):
+        trainer.step(x, y)
+    with dask.config.set({"goblin.minimization.max-share": 0.25, "goblin.minimization.small-array": 16}):
+        trainer = Trainer(model, lm_loss, sgd, micro_batches=2, inner_steps=2, client=stage_grid.client)
+        with pytest.raises(ValueError, match="raise micro_batches"):
+            trainer.step(*_batch(rows=8))
+    assert stage_grid.report()["tasks"] == before["tasks"]  # nothing was dispatched
+    assert model.training
+
+
+@pytest.mark.slow
+def test_a_stale_pseudo_gradient_never_reaches_the_outer_step_and_its_sender_is_banned():
+    """A volunteer returning an earlier task's result (a pseudo-gradient of another shard or round) for its
+    worker's stage task: the replica disagrees, the lab recomputes, the update applied is torch's."""
+    from goblin_dask.node.local import LabNode
+    from goblin_dask.training import Trainer
+
+    with LabNode.local(volunteers=1) as node:
+        cheater = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "stale", "--cheat-op", "program"))
+        torch.manual_seed(11)
+        model = gpt(64, 32, 2, 16, 2).train()
+        ref = copy.deepcopy(model)
+        make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+        trainer = Trainer(model, lm_loss, make(model), micro_batches=2, inner_steps=2, client=node.client)
+        outer = torch.optim.SGD(ref.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        for r in range(3):
+            x, y = _batch(rows=8, seed=70 + r)
+            want = _torch_outer_round(ref, outer, make, lm_loss, x, y, workers=2, inner_steps=2)
+            assert trainer.step(x, y) == pytest.approx(want, rel=1e-4)
+        _assert_state_is(trainer, ref)
+        report = node.report()
+        assert report["volunteers"][cheater]["rejected"] >= 1, report
+        assert all(v["rejected"] == 0 for n, v in report["volunteers"].items() if n != cheater), report

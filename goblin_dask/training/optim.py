@@ -93,35 +93,81 @@ def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict
             "buffers": [_assemble(b) for b in buffers]}
 
 
+def _task_outputs(packed: np.ndarray, where: Sequence[tuple], inputs: Sequence[np.ndarray]) -> list:
+    """A stage task's outputs, cut from its packed result: each ``("packed", start, stop, shape, dtype)`` a view of
+    ``packed``, ``("input", j)`` the task's ``j``-th input as it came in (``inputs``), ``("literal", value)``."""
+    out = []
+    for w in where:
+        if w[0] == "packed":
+            _, a, b, shape, dt = w
+            out.append(np.asarray(packed[a:b]).reshape(shape).astype(np.dtype(dt), copy=False))
+        elif w[0] == "input":
+            out.append(inputs[w[1]])
+        else:
+            out.append(np.asarray(w[1]))
+    return out
+
+
+def _in_forms(buffers: Sequence[Any], forms: Sequence[tuple]) -> list:
+    return [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(buffers, forms)]
+
+
 def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], packed: Sequence[np.ndarray],
                      layouts: Sequence[tuple], buffers: Sequence[Any], buffer_forms: Sequence[tuple]) -> dict:
     """:func:`lab_round` on stage tasks' packed results, cut here in one task instead of one task per output.
 
     Task ``t`` ran ``n`` micro-batches of the round's ``weights`` and packed, in this order, their ``n``
     losses, its gradients already weighted and summed over them, and the buffers after the last:
-    ``layouts[t] = (n, weights, outputs)``, each output ``("packed", start, stop, shape, dtype)`` (a view of
-    ``packed[t]``), ``("input", j)`` (the task's ``j``-th input as it came in: the parameters, then the
-    buffers it read) or ``("literal", value)``.  ``buffers``: the round's buffers as they came in; they come
-    back in ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
+    ``layouts[t] = (n, weights, outputs)``, each output as :func:`_task_outputs` reads it (an ``"input"`` is one
+    of the parameters, then of the buffers the task read).  ``buffers``: the round's buffers as they came in;
+    they come back in ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
     params = [_assemble(p) for p in params]
     current = [_assemble(b) for b in buffers]
     p_count, losses, grads = len(params), [], []
     for p, (n, weights, where) in zip(packed, layouts):
-        out = []
-        for w in where:
-            if w[0] == "packed":
-                _, a, b, shape, dt = w
-                out.append(np.asarray(p[a:b]).reshape(shape).astype(np.dtype(dt), copy=False))
-            elif w[0] == "input":
-                out.append((params + current)[w[1]])
-            else:
-                out.append(np.asarray(w[1]))
+        out = _task_outputs(p, where, params + current)
         losses.append(np.float64(sum(wt * float(l) for wt, l in zip(weights, out[:n]))))
         grads.append(out[n:n + p_count])
         current = out[n + p_count:]
     out = lab_round(hyper, params, state, [1.0] * len(packed), losses, grads, current)
-    out["buffers"] = [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(out["buffers"], buffer_forms)]
+    out["buffers"] = _in_forms(out["buffers"], buffer_forms)
     return out
+
+
+def lab_outer_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict],
+                           packed: Sequence[np.ndarray], layouts: Sequence[tuple], shares: Sequence[float],
+                           buffers: Sequence[Any], buffer_forms: Sequence[tuple]) -> dict:
+    """The outer step of local-steps training (DiLoCo): each task (a worker) took ``n`` optimizer steps on its
+    shard, from the round's parameters, and packed its ``n`` losses, its pseudo-gradient (the parameters it
+    started from minus those it ended with) and its buffers after the last step (``layouts`` as in
+    :func:`lab_round_packed`).  The pseudo-gradient is the workers' average weighted by their ``shares`` of the
+    batch; the outer optimizer (``hyper``: SGD, Nesterov momentum in DiLoCo) steps with it as its gradient, as
+    ``torch.optim.SGD`` would.  Buffers (BatchNorm's running statistics) are the workers' average likewise."""
+    params = [_assemble(p) for p in params]
+    start = [_assemble(b) for b in buffers]
+    p_count, loss, deltas, after = len(params), 0.0, [], []
+    for p, (n, weights, where) in zip(packed, layouts):
+        out = _task_outputs(p, where, params + start)
+        loss += sum(wt * float(l) for wt, l in zip(weights, out[:n]))
+        deltas.append(out[n:n + p_count])
+        after.append(out[n + p_count:])
+    averaged = [_weighted_mean(versions, shares) for versions in zip(*after)] if after else start
+    out = lab_round(hyper, params, state, shares, [0.0] * len(packed), deltas, averaged)
+    out["loss"] = float(loss)
+    out["buffers"] = _in_forms(out["buffers"], buffer_forms)
+    return out
+
+
+def _weighted_mean(versions: Sequence[np.ndarray], shares: Sequence[float]) -> np.ndarray:
+    """``sum_k shares[k] * versions[k]`` in the arrays' own dtype (integers: rounded back, e.g. a count of batches)."""
+    first = np.asarray(versions[0])
+    if first.dtype.kind in "fc":
+        total = None
+        for v, s in zip(versions, shares):
+            term = np.asarray(v) * first.dtype.type(s)
+            total = term if total is None else total + term
+        return total
+    return np.rint(sum(np.asarray(v, dtype=np.float64) * s for v, s in zip(versions, shares))).astype(first.dtype)
 
 
 def field(result: dict, name: str) -> Any:

@@ -105,6 +105,17 @@ def _plan(model: Any, micro_batches: int, stage_memory: int | None) -> Plan:
     return Plan(stages, micro_batches, stage_memory, sum(s.parameter_bytes for s in stages))
 
 
+def _groups_of(optimizer: Any, by_id: dict, what: str) -> dict[str, int]:
+    """Parameter name -> the index of its group in ``optimizer.param_groups`` (each must be the model's)."""
+    out: dict[str, int] = {}
+    for gi, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if id(p) not in by_id:
+                raise ValueError(f"{what} holds a parameter of shape {tuple(p.shape)} that is not the model's")
+            out[by_id[id(p)]] = gi
+    return out
+
+
 def _hyper(group: dict, kind: str) -> dict:
     def num(v: Any) -> Any:
         return float(v.item()) if hasattr(v, "item") else v
@@ -136,35 +147,64 @@ class Trainer:
     ``r`` from ``PCG64((seed, r, i, k, *block))`` for its ``k``-th random operator, as catalog
     ``random_uniform`` blocks, so replicas and the lab's checks draw the same masks.  They are not
     torch's masks (torch's generator gives other numbers); torch given the same masks trains the same.
+
+    **Local steps** (``inner_steps=H > 1``, DiLoCo): a round is one *outer* step.  The batch is cut into
+    ``micro_batches`` shards, one per worker; each worker (one stage task on a volunteer, replicated and
+    checked like any stage task) takes ``H`` steps of ``optimizer`` (the *inner* optimizer, afresh each round:
+    its state would cost twice the parameters' bytes each way) on ``H`` consecutive slices of its shard, and
+    returns its pseudo-gradient (the parameters it started from minus those it ended with).  The lab averages
+    them (weighted by the shards' sizes) and steps ``outer_optimizer`` with that as the gradient: a
+    ``torch.optim.SGD`` over the model's parameters, by default DiLoCo's ``lr=0.7, momentum=0.9,
+    nesterov=True``; its state stays on the lab worker.  So a round sends the parameters out and a
+    pseudo-gradient back once per worker for ``H`` optimizer steps.  ``step`` returns the mean of the inner
+    steps' losses (each before its own update).  Needs the round as stage tasks (see :meth:`_staged`);
+    ``inner_steps=1`` is synchronous training, torch's numbers.
     """
 
     def __init__(self, model: Any, loss_fn: Callable, optimizer: Any, micro_batches: int = 4,
                  stage_memory: int | None = None, client: Any = None, *, checkpoint_dir: Any = None,
-                 checkpoint_every: int = 0, seed: int | None = None):
+                 checkpoint_every: int = 0, seed: int | None = None, inner_steps: int = 1,
+                 outer_optimizer: Any = None):
         kind = type(optimizer).__name__
         if kind not in _SUPPORTED or not hasattr(optimizer, "param_groups"):
             raise TypeError(f"optimizer {kind}: the grid steps torch.optim.SGD, Adam and AdamW")
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+        if not isinstance(inner_steps, int) or isinstance(inner_steps, bool) or inner_steps < 1:
+            raise ValueError(f"inner_steps must be a positive int (1: synchronous training), got {inner_steps!r}")
+        if outer_optimizer is not None and inner_steps == 1:
+            raise ValueError("outer_optimizer steps the workers' averaged pseudo-gradients of local steps: "
+                             "give inner_steps > 1 with it, or leave it out")
+        if outer_optimizer is not None and (type(outer_optimizer).__name__ != "SGD"
+                                            or not hasattr(outer_optimizer, "param_groups")):
+            raise TypeError(f"outer_optimizer {type(outer_optimizer).__name__}: the outer step is torch.optim.SGD "
+                            "(DiLoCo: lr=0.7, momentum=0.9, nesterov=True, the default)")
         self.model, self.loss_fn, self.optimizer, self.kind = model, loss_fn, optimizer, kind
-        self.micro_batches, self.client = micro_batches, client
+        self.micro_batches, self.client, self.inner_steps = micro_batches, client, inner_steps
         named = dict(model.named_parameters())
         by_id = {id(p): n for n, p in named.items()}
-        self._group_of: dict[str, int] = {}
-        for gi, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                if id(p) not in by_id:
-                    raise ValueError(f"{kind} holds a parameter of shape {tuple(p.shape)} that is not the model's")
-                self._group_of[by_id[id(p)]] = gi
+        self._group_of = _groups_of(optimizer, by_id, kind)
+        if inner_steps > 1 and outer_optimizer is None:
+            import torch
+
+            outer_optimizer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        #: the optimizer of the outer step with local steps (None: synchronous training)
+        self.outer_optimizer = outer_optimizer if inner_steps > 1 else None
+        self._outer_group_of = _groups_of(outer_optimizer, by_id, "outer_optimizer") if inner_steps > 1 else {}
         # parameters the optimizer does not hold are still differentiated, never stepped: keep them out
         self.param_names = [n for n in named if n in self._group_of]
         frozen = [n for n in named if n not in self._group_of]
         if frozen:
             raise ValueError(f"parameters {frozen[:3]} are not in the optimizer (freezing is not supported yet)")
+        outside = [n for n in self.param_names if self._outer_group_of and n not in self._outer_group_of]
+        if outside:
+            raise ValueError(f"parameters {outside[:3]} are not in outer_optimizer: give it model.parameters()")
         self.buffer_names = [n for n, _ in model.named_buffers()]
         self._params = {n: named[n].detach().cpu().numpy().copy() for n in self.param_names}
         self._buffers = {n: b.detach().cpu().numpy().copy() for n, b in model.named_buffers()}
-        self._state = [self._torch_state(optimizer.state.get(named[n], {})) for n in self.param_names]
+        #: the state of the optimizer the lab steps: ``optimizer``'s, or with local steps ``outer_optimizer``'s
+        lab_optimizer = self.outer_optimizer or optimizer
+        self._state = [self._torch_state(lab_optimizer.state.get(named[n], {})) for n in self.param_names]
         self._alias = {n: by_id[id(t)] for n, t in model.named_parameters(remove_duplicate=False)}
         self._joint: dict[tuple, Any] = {}
         self._group_programs: dict[tuple, Any] = {}  # stage programs of several micro-batches, by shapes and weights
@@ -205,8 +245,9 @@ class Trainer:
     def _check(self, x: np.ndarray, y: np.ndarray) -> None:
         if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(f"step: inputs of shape {x.shape} and targets of shape {y.shape} need the same batch size")
-        if x.shape[0] < self.micro_batches:
-            raise ValueError(f"step: a batch of {x.shape[0]} cannot be cut into {self.micro_batches} micro-batches")
+        if x.shape[0] < self.micro_batches * self.inner_steps:
+            raise ValueError(f"step: a batch of {x.shape[0]} cannot be cut into {self.micro_batches} micro-batches"
+                             + (f" of {self.inner_steps} inner steps each" if self.inner_steps > 1 else ""))
         dtypes = {a.dtype for a in self._params.values() if a.dtype.kind == "f"}
         if x.dtype.kind == "f" and dtypes and x.dtype not in dtypes:
             raise TypeError(f"step: inputs are {x.dtype}, the model's parameters {sorted(d.name for d in dtypes)}")
@@ -222,8 +263,16 @@ class Trainer:
         return self._joint[key]
 
     def _hyperparameters(self) -> list[dict]:
+        """Each parameter's hyperparameters of ``optimizer`` (read at each round: a schedule applies)."""
         groups = [_hyper(g, self.kind) for g in self.optimizer.param_groups]
         return [groups[self._group_of[n]] for n in self.param_names]
+
+    def _lab_hyperparameters(self) -> list[dict]:
+        """Those of the optimizer the lab steps: ``optimizer``, or with local steps the outer one."""
+        if self.outer_optimizer is None:
+            return self._hyperparameters()
+        groups = [_hyper(g, "SGD") for g in self.outer_optimizer.param_groups]
+        return [groups[self._outer_group_of[n]] for n in self.param_names]
 
     def round_graph(self, x: Any, y: Any) -> tuple[dict, str]:
         """The round's dask graph and the key of its last task (the lab's optimizer step)."""
@@ -269,7 +318,15 @@ class Trainer:
         params, bufs = self._model_arrays(tok)
         losses, grads = [], []
         P = len(params)
-        staged = self._staged(x, y, parts, params, bufs)
+        # local steps: micro-batch i is worker i's shard, cut into the slices of its inner steps
+        steps = [np.array_split(p, self.inner_steps) for p in parts] if self.inner_steps > 1 else None
+        staged = self._staged(x, y, [s for shard in steps for s in shard] if steps else parts, params, bufs)
+        if steps and staged != "packed":
+            raise ValueError(
+                f"inner_steps={self.inner_steps}: each worker's steps run as one stage task, and this round cannot: "
+                "it needs goblin.stage.tasks on, volunteers connected, the model within goblin.stage.memory-fraction "
+                "of a volunteer thread's memory (one stage), no random operator (dropout), and the parameters not "
+                "capped by goblin.minimization.parameters-max-share.  Use inner_steps=1 (synchronous training)")
         if self._resident is not None and staged != "packed":
             self._sync_host()  # this round runs op by op, from this process's copies
             params, bufs = self._model_arrays(tok)
@@ -278,16 +335,16 @@ class Trainer:
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
         packed, layouts = [], []
-        for group in (self._stage_groups(x, y, parts) if staged == "packed" else ()):
+        for shard in steps or ():  # one task per worker: its inner steps, its pseudo-gradient
+            self._check_share(x, y, shard)
+            program = self._local_program(x, y, shard, params, bufs)
+            stage, _ = prog.call_packed(program, *params, *bufs, *self._slice_inputs(x, y, xa, ya, shard))
+            packed.append(stage)
+            layouts.append((len(shard), [len(idx) / n for idx in shard], _outputs_where(program)))
+        for group in (self._stage_groups(x, y, parts) if staged == "packed" and not steps else ()):
             program = self._group_program(x, y, parts, weights, group, params, bufs)
-            inputs = [*params, *bufs]
-            for i in group:
-                lo, hi = parts[i][0], parts[i][-1] + 1
-                graph = self._graph_for(x[lo:hi], y[lo:hi])
-                inputs += [xa[lo:hi], ya[lo:hi], *(graph._constant(k) for k in graph._stage_names()[len(graph.inputs):])]
-            stage, _ = prog.call_packed(program, *inputs)
-            where = prog.layout(program.spec)
-            where = [("packed", *where[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
+            stage, _ = prog.call_packed(program, *params, *bufs, *self._slice_inputs(x, y, xa, ya, [parts[i] for i in group]))
+            where = _outputs_where(program)
             packed.append(stage)
             layouts.append((len(group), [weights[i] for i in group], where))
             # the next group's forward sees the running statistics so far
@@ -314,13 +371,18 @@ class Trainer:
                 return List(*(nest(e) for e in k)) if isinstance(k, list) else TaskRef(k)
             return nest(a.__dask_keys__())
 
-        dsk[hyper_key] = DataNode(hyper_key, self._hyperparameters())
+        dsk[hyper_key] = DataNode(hyper_key, self._lab_hyperparameters())
         if self._resident is not None:  # the state the lab worker kept from the last round
             dsk[state_key] = Task(state_key, optim.field, self._resident, "state")
         else:
             dsk[state_key] = DataNode(state_key, [dict(s) for s in self._state])
-        if staged == "packed":
-            forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
+        forms = [(self._buffers[k].shape, self._buffers[k].dtype.str) for k in self.buffer_names]
+        if steps:
+            dsk[step_key] = Task(step_key, optim.lab_outer_round_packed, TaskRef(hyper_key),
+                                 List(*(refs(p) for p in params)), TaskRef(state_key),
+                                 List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)), layouts, weights,
+                                 List(*(refs(b) for b in bufs0)), forms)
+        elif staged == "packed":
             dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
                                  layouts, List(*(refs(b) for b in bufs0)), forms)
@@ -351,6 +413,29 @@ class Trainer:
         tasks = min(m, max(need, 1 if chained else volunteer_threads()))
         return [list(g) for g in np.array_split(np.arange(m), tasks)]
 
+    @staticmethod
+    def _check_share(x: np.ndarray, y: np.ndarray, shard: list) -> None:
+        """A worker of local steps holds its whole shard: refuse one over ``goblin.minimization.max-share``."""
+        from goblin_dask.array.sources import share_cap
+
+        rows = sum(len(idx) for idx in shard)
+        for what, a in (("inputs", x), ("targets", y)):
+            cap = share_cap(int(a.size))
+            if cap and rows * (a.size // a.shape[0]) > cap:
+                raise ValueError(f"inner_steps: a worker's shard of {rows} rows of the {what} is more than "
+                                 "goblin.minimization.max-share lets one volunteer hold; raise micro_batches (more, "
+                                 "smaller shards) or the share")
+
+    def _slice_inputs(self, x: np.ndarray, y: np.ndarray, xa: Any, ya: Any, slices: list) -> list:
+        """A stage program's inputs after the parameters and buffers: for each of its micro-batches (rows ``idx``
+        of the batch), its slice of the batch the lab worker holds, and the joint graph's lab constants."""
+        out = []
+        for idx in slices:
+            lo, hi = idx[0], idx[-1] + 1
+            graph = self._graph_for(x[lo:hi], y[lo:hi])
+            out += [xa[lo:hi], ya[lo:hi], *(graph._constant(k) for k in graph._stage_names()[len(graph.inputs):])]
+        return out
+
     def _micro_program(self, x: np.ndarray, y: np.ndarray) -> Any:
         """The stage program of one micro-batch ``(x, y)``'s forward and backward (traced once per shapes), or
         None where it cannot be one (:meth:`Graph.stage_program`)."""
@@ -364,34 +449,72 @@ class Trainer:
         order (as the lab's step sums them, and torch accumulates them); out come each micro-batch's loss, the
         summed gradients and the buffers after the last.  Traced once per shapes and weights."""
         import goblin_dask.array as ga
+
+        slices = [parts[i] for i in group]
+        key = ("sum", tuple((len(idx), weights[i]) for idx, i in zip(slices, group)))
+        dtypes = [a.dtype for a in params]
+
+        def body(passes, ps, bs):
+            losses, total = [], None
+            for i, run in zip(group, passes):
+                out = run(ps, bs)
+                losses.append(out[0])
+                scaled = [ga.multiply(gr, dt.type(weights[i])) for gr, dt in zip(out[1:1 + len(ps)], dtypes)]
+                total = scaled if total is None else [ga.add(t, s) for t, s in zip(total, scaled)]
+                bs = list(out[1 + len(ps):])
+            return [*losses, *total, *bs]
+
+        return self._traced(key, x, y, slices, params, bufs, body)
+
+    def _local_program(self, x: np.ndarray, y: np.ndarray, shard: list, params: list, bufs: list) -> Any:
+        """A worker's stage program of local steps: for each slice of its ``shard`` in turn, forward and backward
+        then one step of the inner optimizer (:func:`optim.sgd` / :func:`optim.adam` on ga arrays, from fresh
+        state, this round's hyperparameters); out come each step's loss, the pseudo-gradient (start minus end)
+        and the buffers after the last step.  Traced once per shapes and hyperparameters."""
+        import goblin_dask.array as ga
+
+        hyper = self._hyperparameters()
+        key = ("local", tuple(len(idx) for idx in shard), repr(hyper))
+
+        def body(passes, start, bs):
+            ps, state, losses = list(start), [{} for _ in start], []
+            for run in passes:
+                out = run(ps, bs)
+                losses.append(out[0])
+                ps = [(optim.sgd if h["kind"] == "sgd" else optim.adam)(p, g, st, h)
+                      for p, g, st, h in zip(ps, out[1:1 + len(ps)], state, hyper)]
+                bs = list(out[1 + len(ps):])
+            return [*losses, *(ga.subtract(a, b) for a, b in zip(start, ps)), *bs]
+
+        return self._traced(key, x, y, shard, params, bufs, body)
+
+    def _traced(self, key: tuple, x: np.ndarray, y: np.ndarray, slices: list, params: list, bufs: list,
+                body: Callable) -> Any:
+        """The stage program ``body(passes, params, buffers)`` builds, cached under ``key``: ``passes[k](params,
+        buffers)`` gives the joint graph's outputs (loss, gradients, buffers after) for the batch's rows
+        ``slices[k]``; the program's inputs are the parameters, the buffers, then :meth:`_slice_inputs`'."""
         from goblin_dask.array import program as prog
         from goblin_dask.ops.spec import Aval
 
-        slices = [(x[parts[i][0]:parts[i][-1] + 1], y[parts[i][0]:parts[i][-1] + 1]) for i in group]
-        key = tuple((xi.shape, yi.shape, weights[i]) for (xi, yi), i in zip(slices, group))
+        key = (key, x.shape[1:], x.dtype.str, y.shape[1:], y.dtype.str)
         if key in self._group_programs:
             return self._group_programs[key]
-        graphs = [self._graph_for(xi, yi) for xi, yi in slices]
+        graphs = [self._graph_for(x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]) for idx in slices]
         P, B = len(params), len(bufs)
         avals = [Aval(tuple(a.shape), a.dtype) for a in (*params, *bufs)]
         names = [g._stage_names() for g in graphs]
-        for (xi, yi), g, nm in zip(slices, graphs, names):
-            avals += [Aval(xi.shape, xi.dtype), Aval(yi.shape, yi.dtype)]
+        for idx, g, nm in zip(slices, graphs, names):
+            lo, hi = idx[0], idx[-1] + 1
+            avals += [Aval(x[lo:hi].shape, x.dtype), Aval(y[lo:hi].shape, y.dtype)]
             avals += [Aval.of(g._constant_value(k)) for k in nm[len(g.inputs):]]
-        dtypes = [a.dtype for a in avals[:P]]
 
         def fn(*arrays):
-            ps, bs, at = list(arrays[:P]), list(arrays[P:P + B]), P + B
-            losses, total = [], None
-            for i, g, nm in zip(group, graphs, names):
+            at, passes = P + B, []
+            for g, nm in zip(graphs, names):
                 mine = arrays[at:at + len(nm) - P - B]
                 at += len(nm) - P - B
-                out = g._evaluate(dict(zip(nm, [*ps, *bs, *mine])))
-                losses.append(out[0])
-                scaled = [ga.multiply(gr, dt.type(weights[i])) for gr, dt in zip(out[1:1 + P], dtypes)]
-                total = scaled if total is None else [ga.add(t, s) for t, s in zip(total, scaled)]
-                bs = list(out[1 + P:])
-            return [*losses, *total, *bs]
+                passes.append(lambda ps, bs, g=g, nm=nm, mine=mine: g._evaluate(dict(zip(nm, [*ps, *bs, *mine]))))
+            return body(passes, list(arrays[:P]), list(arrays[P:P + B]))
 
         self._group_programs[key] = prog.trace(fn, avals)
         return self._group_programs[key]
@@ -532,6 +655,7 @@ class Trainer:
         arrays["rng/torch"] = torch.get_rng_state().numpy()
         np.savez(os.path.join(tmp, "arrays.npz"), **arrays)
         meta = {"format": "goblin-dask.training/1", "round": self.rounds, "optimizer": self.kind, "seed": self.seed,
+                "inner_steps": self.inner_steps,
                 "param_names": self.param_names, "buffer_names": self.buffer_names, "state_scalars": scalars,
                 "history": self.history}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
@@ -564,6 +688,11 @@ class Trainer:
                              f"this model has {self.param_names[:3]}...")
         if meta["optimizer"] != self.kind:
             raise ValueError(f"checkpoint {path} holds {meta['optimizer']} state, the optimizer is {self.kind}")
+        local = int(meta.get("inner_steps", 1)) > 1
+        if local != (self.inner_steps > 1):
+            held = "the outer optimizer's (local steps)" if local else f"{meta['optimizer']}'s (synchronous training)"
+            raise ValueError(f"checkpoint {path} holds {held} state; this Trainer has inner_steps={self.inner_steps}: "
+                             f"resume with inner_steps={meta.get('inner_steps', 1)}")
         with np.load(os.path.join(path, "arrays.npz"), allow_pickle=False) as z:
             for k in self.param_names:
                 a = z[f"param/{k}"]
@@ -633,6 +762,15 @@ class Trainer:
 
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.state_dict().items()})
         return model
+
+
+def _outputs_where(program: Any) -> list[tuple]:
+    """Where each of a stage program's results is, as the lab's step reads them: ``("packed", start, stop, shape,
+    dtype)`` in its packed result, ``("input", j)`` or ``("literal", value)``."""
+    from goblin_dask.array.program import layout
+
+    at = layout(program.spec)
+    return [("packed", *at[v]) if kind == "packed" else (kind, v) for kind, v in program.results]
 
 
 def _cut(packed: Any, where: tuple) -> Any:
