@@ -132,7 +132,9 @@ def reference_cpu(fn, repeat: int) -> float:
     return best
 
 
-def lm_round(node, wire, args) -> dict:
+def lm_round(node, wire, args, inner_steps: int = 1) -> dict:
+    """A training round of the GPT; ``inner_steps`` H > 1: local steps (DiLoCo), ``micro_batches`` workers each
+    taking H steps, a round of H times the batch, its reference H of torch's synchronous steps."""
     import torch
     import torch.nn.functional as F
 
@@ -144,7 +146,7 @@ def lm_round(node, wire, args) -> dict:
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(args.rounds + 1):
-        ids = rng.integers(0, args.vocab, (args.batch, args.seq + 1))
+        ids = rng.integers(0, args.vocab, (args.batch * inner_steps, args.seq + 1))
         batches.append((ids[:, :-1].copy(), ids[:, 1:].copy()))
 
     def loss_fn(logits, y):
@@ -154,17 +156,18 @@ def lm_round(node, wire, args) -> dict:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-4)
 
     def torch_round(batch=batches[0]):
-        x, y = batch
-        ref_opt.zero_grad()
-        for idx in np.array_split(np.arange(len(x)), args.micro_batches):
-            (loss_fn(ref(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])) * (len(idx) / len(x))).backward()
-        ref_opt.step()
+        for rows in np.array_split(np.arange(len(batch[0])), inner_steps):
+            x, y = batch[0][rows], batch[1][rows]
+            ref_opt.zero_grad()
+            for idx in np.array_split(np.arange(len(x)), args.micro_batches):
+                (loss_fn(ref(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])) * (len(idx) / len(x))).backward()
+            ref_opt.step()
 
     torch.set_num_threads(1)
     reference = reference_cpu(torch_round, args.repeat)
     torch.set_num_threads(2)
     trainer = Trainer(model, loss_fn, torch.optim.AdamW(model.parameters(), lr=3e-4),
-                      micro_batches=args.micro_batches, client=node.client)
+                      micro_batches=args.micro_batches, client=node.client, inner_steps=inner_steps)
     trainer.step(*batches[0])  # traces the joint graph; the model's arrays go up once
     dsk, _ = trainer.round_graph(*batches[1])
     trips = volunteer_chains(dsk)["round_trips"]
@@ -175,7 +178,7 @@ def lm_round(node, wire, args) -> dict:
         trainer.step(x, y)
     out = m.stop(len(batches) - 1)
     rep1 = node.report()
-    out.update(reference=reference, trips=trips, tasks=(rep1["tasks"] - rep0["tasks"]) / (len(batches) - 1),
+    out.update(reference=reference, trips=trips, steps=inner_steps, tasks=(rep1["tasks"] - rep0["tasks"]) / (len(batches) - 1),
                param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
                by_method={k: v - rep0["by_method"].get(k, 0) for k, v in rep1["by_method"].items()})
     return out
@@ -234,7 +237,8 @@ def product(node, wire, args) -> dict:
     return out
 
 
-WORKLOADS = {"LM": lm_round, "forward": gpt_forward, "product": product}
+WORKLOADS = {"LM": lm_round, "LM local steps": lambda node, wire, args: lm_round(node, wire, args, args.inner_steps),
+             "forward": gpt_forward, "product": product}
 
 
 def row(name: str, r: dict, volunteers: int, idle: dict) -> str:
@@ -246,7 +250,9 @@ def row(name: str, r: dict, volunteers: int, idle: dict) -> str:
     ref = r["reference"]
     wire = "n/a" if r["bytes"] is None else (
         f"{r['bytes'] / 2**20:.1f} MiB = {r['bytes'] / r['param_bytes']:.1f}x; {r['bytes'] / volunteers / r['param_bytes']:.1f}x "
-        f"per volunteer ({', '.join(f'{k} {v / 2**20:.1f}' for k, v in r['wire'].items())})")
+        f"per volunteer ({', '.join(f'{k} {v / 2**20:.1f}' for k, v in r['wire'].items())})"
+        + (f"; per optimizer step {r['bytes'] / r['steps'] / volunteers / r['param_bytes']:.2f}x per volunteer"
+           if r.get("steps", 1) > 1 else ""))
     bound = max(c.get(k, 0.0) for k in lab_parts)
     speed = ", ".join(f"{n}: {ref / max(bound, vol / n):.1f}x" for n in (2, 8, 32))
     return (f"| {name} | {r['wall']:.2f} | {c.get('scheduler', 0):.3f} | {c.get('lab worker', 0):.3f} | "
@@ -263,6 +269,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--forward-batch", type=int, default=16)
     p.add_argument("--micro-batches", type=int, default=4)
+    p.add_argument("--inner-steps", type=int, default=8,
+                   help="the local-steps LM workload's inner steps per round (DiLoCo); 1 leaves it out")
     p.add_argument("--rounds", type=int, default=3, help="measured training rounds (after one more)")
     p.add_argument("--repeat", type=int, default=3, help="measured forward passes; the reference's best of")
     p.add_argument("--n", type=int, default=4096, help="the product's size")
@@ -287,14 +295,16 @@ def main(argv=None) -> int:
         print("idle CPU-s per s:", {k: round(v, 4) for k, v in idle.items()}, flush=True)
         try:
             for name, fn in WORKLOADS.items():
-                if args.only and args.only not in name:
+                if (args.only and args.only not in name) or (name == "LM local steps" and args.inner_steps < 2):
                     continue
                 t = time.perf_counter()
                 results[name] = fn(node, wire, args)
                 print(f"{name} ({time.perf_counter() - t:.0f} s): {results[name]}", flush=True)
         finally:
             wire.close()
-    titles = {"LM": f"LM training round, GPT d_model {args.d_model}, {args.layers} layers, seq {args.seq}, batch "
+    titles = {"LM local steps": f"LM, local steps: {args.micro_batches} workers x {args.inner_steps} inner AdamW steps, "
+                                f"batch {args.batch} per step, outer Nesterov SGD (one round = {args.inner_steps} steps)",
+              "LM": f"LM training round, GPT d_model {args.d_model}, {args.layers} layers, seq {args.seq}, batch "
                     f"{args.batch}, {args.micro_batches} micro-batches (AdamW)",
               "forward": f"captured GPT forward, same model, batch {args.forward_batch}",
               "product": f"{args.n}x{args.n} float32 product from numpy, second compute"}

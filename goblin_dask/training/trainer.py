@@ -13,6 +13,9 @@ checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin
 * **Op by op** otherwise (no volunteers, a model too big for one, random operators): the joint graph
   built with ``ga`` calls, its products on volunteers (Freivalds-checked) and the rest placed and
   checked like any ga computation (:func:`optim.lab_round`).
+* **Local steps** (``inner_steps > 1``, DiLoCo): each worker's several optimizer steps are one stage task
+  returning a pseudo-gradient; the lab steps an outer optimizer with their average
+  (:func:`optim.lab_outer_round_packed`).  See :class:`Trainer`.
 
 The lab's copies (this process's and the lab worker's) are the reference; they enter each round's graph
 as lab arrays of kind ``"parameters"`` (not capped by ``goblin.minimization.max-share``: see
