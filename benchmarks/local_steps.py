@@ -25,7 +25,6 @@ audits); the table says how many results were checked and rejected.  ``--write``
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time

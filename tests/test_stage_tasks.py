@@ -563,3 +563,38 @@ def test_a_stale_pseudo_gradient_never_reaches_the_outer_step_and_its_sender_is_
         report = node.report()
         assert report["volunteers"][cheater]["rejected"] >= 1, report
         assert all(v["rejected"] == 0 for n, v in report["volunteers"].items() if n != cheater), report
+
+
+@pytest.mark.slow
+def test_a_tampered_resident_copy_of_the_parameters_is_caught_and_a_returning_volunteer_is_sent_them_again(tmp_path):
+    """A volunteer keeps a round's parameters in its panel cache between its stage tasks; one that serves its
+    tasks a tampered copy (one weight times 1 + 1e-3) is caught by the replica comparison and the lab's
+    recomputation, and no tampered number reaches an update.  A volunteer that leaves takes its copy with it:
+    one joining in its place is sent the parameters again, and the rounds go on as torch's."""
+    import uuid
+
+    from goblin_dask.node.local import LabNode
+    from goblin_dask.training import Trainer
+
+    trigger = tmp_path / f"tamper-{uuid.uuid4().hex}"
+    torch.manual_seed(12)
+    model = gpt(64, 32, 2, 16, 2).train()
+    ref = copy.deepcopy(model)
+    make = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)  # noqa: E731
+    opt = make(ref)
+    with LabNode.local(volunteers=1) as node:
+        tamperer = node.add_volunteer(module="tests.cache_volunteers",
+                                      extra_args=("--attack", "tamper", "--trigger", str(trigger)))
+        trainer = Trainer(model, lm_loss, make(model), micro_batches=4, client=node.client)
+        for r in range(4):
+            if r == 1:
+                trigger.touch()  # from now on, what it serves itself from its cache is tampered
+            if r == 3:
+                node.kill_volunteer(tamperer)
+                node.add_volunteer()
+            x, y = _batch(rows=8, seed=80 + r)
+            assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
+        _assert_state_is(trainer, ref)
+        report = node.report()
+    assert report["volunteers"][tamperer]["rejected"] >= 1, report
+    assert all(v["rejected"] == 0 for n, v in report["volunteers"].items() if n != tamperer), report
