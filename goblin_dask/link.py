@@ -113,6 +113,55 @@ def set_refusal_handler(handler: Callable[[str, str, bool], Any] | None) -> None
     _refusal_handler = handler
 
 
+# -- banned and revoked volunteers ---------------------------------------------------------
+
+#: Volunteer names this process reads nothing more from (banned or revoked): :func:`shut_out`.
+_shut_out: set[str] = set()
+#: Each volunteer's open connections to this process (accepted, activated standby, or dialled).
+_volunteer_comms: dict[str, weakref.WeakSet] = defaultdict(weakref.WeakSet)
+#: What a banned or revoked volunteer may still ask, on the scheduler only, to be told why it is refused:
+#: one message of at most :data:`SHUT_OUT_MESSAGE` bytes on a new connection (its ``register-worker`` is
+#: answered "banned" or "revoked", ``goblin doctor``'s check says so); then the connection is closed.
+_told_when_shut_out: frozenset[str] = frozenset()
+SHUT_OUT_MESSAGE = 256 * 2**10
+
+
+def shut_out(names) -> int:
+    """Read nothing more from volunteers ``names`` (banned or revoked): their open connections to this
+    process are closed now (calls, worker stream, standby), and each new one is closed before its first
+    message is read.  Returns how many open connections were closed."""
+    closed = 0
+    for name in names:
+        name = str(name)
+        _shut_out.add(name)
+        for comm in list(_volunteer_comms.get(name, ())):
+            if not comm.closed():
+                comm.abort()
+                closed += 1
+    if closed:
+        logger.info("closed %d connection(s) of banned or revoked volunteer(s) %s", closed, ", ".join(map(str, names)))
+    return closed
+
+
+def start_shut_out(names) -> None:
+    """A lab node starts: exactly ``names`` are shut out (its revocation list; one lab node per process)."""
+    _shut_out.clear()
+    shut_out(names)
+
+
+def is_shut_out(name: str) -> bool:
+    return name in _shut_out
+
+
+#: The scheduler's stream message telling a lab worker which volunteers are banned or revoked.
+SHUT_OUT_OP = "goblin-shut-out"
+
+
+def shut_out_handler(names=(), **ignored) -> None:
+    """A lab worker's stream handler of :data:`SHUT_OUT_OP` (sent by the scheduler only)."""
+    shut_out([str(n) for n in names or ()])
+
+
 def refuse(name: str, reason: str, ban: bool = True) -> None:
     logger.warning("refused volunteer %s: %s%s", name, reason, " (banned)" if ban else "")
     if _refusal_handler is not None:
@@ -177,6 +226,8 @@ class VolunteerComm(TLS):
         self.identity = peer_identity(self) or ("volunteer", "?")  # TLS read the certificate already
         self.pushed_back: list = []
         self.limit = max_message()
+        self.reads_left = 0  # messages still read once its volunteer is shut out (the listener sets it)
+        _volunteer_comms[self.volunteer].add(self)  # so that a ban closes it (:func:`shut_out`)
 
     @property
     def volunteer(self) -> str:
@@ -188,6 +239,11 @@ class VolunteerComm(TLS):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
+        if self.volunteer in _shut_out:
+            if self.reads_left <= 0:
+                self.abort()
+                raise CommClosedError(f"goblin lab: volunteer {self.volunteer} is banned or revoked")
+            self.reads_left -= 1
         limit = self.limit
         try:
             (size,) = struct.unpack("Q", await stream.read_bytes(8))
@@ -273,7 +329,6 @@ def _comm_for(stream, local_addr: str, peer_addr: str, deserialize: bool = True)
 
 # -- the lab side: listener, connector, standby connections --------------------------------
 
-_volunteer_comms: dict[str, weakref.WeakSet] = defaultdict(weakref.WeakSet)
 _handshaking = 0
 
 
@@ -311,12 +366,18 @@ class LabTLSListener(TLSListener):
         comm = self.comm_class(stream, self.prefix + get_stream_address(stream), address, self.deserialize)
         comm.allow_offload = self.allow_offload
         if isinstance(comm, VolunteerComm):
+            shut_out = comm.volunteer in _shut_out
+            if shut_out and not _told_when_shut_out:  # banned or revoked: not one byte of it is read
+                logger.info("closed a connection of banned or revoked volunteer %s from %s", comm.volunteer, address)
+                comm.abort()
+                return
+            if shut_out:  # distributed's handshake, then one small message: the one that tells it why
+                comm.reads_left, comm.limit = 2, min(comm.limit, SHUT_OUT_MESSAGE)
             held, most = _volunteer_comms[comm.volunteer], int(settings.get("goblin.link.max-connections"))
-            if sum(1 for c in held if not c.closed()) >= most:
+            if sum(1 for c in held if not c.closed() and c is not comm) >= most:
                 refuse(comm.volunteer, f"opened more than {most} connections", ban=False)
                 comm.abort()
                 return
-            held.add(comm)
         try:
             await self.on_connection(comm)
         except CommClosedError:
@@ -325,6 +386,10 @@ class LabTLSListener(TLSListener):
             try:
                 first = await comm.read()
             except (CommClosedError, OSError):
+                return
+            if comm.volunteer in _shut_out and not (isinstance(first, dict) and first.get("op") in _told_when_shut_out):
+                logger.info("closed a connection of banned or revoked volunteer %s from %s", comm.volunteer, address)
+                comm.abort()
                 return
             if isinstance(first, dict) and first.get("op") == rpc.STANDBY:
                 STANDBY.park(comm, first.get("address"))
@@ -386,6 +451,9 @@ class NatConnector(Connector):
     """Reaches a volunteer through a connection it parked here."""
 
     async def connect(self, address, deserialize=True, **connection_args):
+        name = parse_host_port(address)[0]
+        if name in _shut_out:
+            raise OSError(f"goblin lab: volunteer {name} is banned or revoked")
         comm = await STANDBY.take(f"nat://{address}")
         try:
             await comm.write({"op": rpc.ACTIVATE})
@@ -557,6 +625,10 @@ def install_scheduler_side(scheduler, admission) -> None:
     for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
         scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
+    global _told_when_shut_out
+    from scheduler_plugins.admission import SHUT_OUT_TOLD
+
+    _told_when_shut_out = SHUT_OUT_TOLD
     scheduler.add_plugin(StreamInterval())
     silent = SilentVolunteers(scheduler, admission)
     scheduler.periodic_callbacks["goblin-silent-volunteers"] = silent.callback
