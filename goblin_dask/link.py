@@ -10,7 +10,9 @@ distributed's ``TLS`` comm, unchanged.  A :class:`VolunteerComm`
 
 * reads a message only when its announced size is within ``goblin.link.max-message``
   (default: a quarter of this machine's memory): a header announcing 100 GB allocates
-  nothing and drops the connection;
+  nothing and drops the connection; and only while the volunteer's unfinished messages across
+  all its connections stay within ``goblin.link.max-in-flight`` (default: one largest message),
+  so that 32 connections each one byte short of a whole message hold one buffer, not 32;
 * decodes it with the plain-data allow-list (:func:`goblin_dask.safe_pickle.plain_data_loads`:
   numeric arrays, numbers, plain containers; no class, no function, no exception object)
   and without compressed frames, whatever the handler, the ``get_data`` answer or the
@@ -100,6 +102,22 @@ def max_message() -> int:
 
         return int(MEMORY_LIMIT // 4)
     return int(dask.utils.parse_bytes(limit))
+
+
+def max_in_flight() -> int:
+    """``goblin.link.max-in-flight``: bytes of unfinished messages one volunteer may have across its
+    connections to a lab process (null: :func:`max_message`, one largest message)."""
+    limit = settings.get("goblin.link.max-in-flight")
+    if limit is None:
+        return max_message()
+    value = int(dask.utils.parse_bytes(limit) if isinstance(limit, str) else limit)
+    if value <= 0:
+        raise ValueError(f"goblin.link.max-in-flight must be a positive number of bytes, got {limit!r}")
+    return value
+
+
+#: volunteer name -> bytes of the messages this process is reading from it now (all its connections)
+_in_flight: dict[str, int] = {}
 
 
 # -- refusals --------------------------------------------------------------------------
@@ -226,6 +244,7 @@ class VolunteerComm(TLS):
         self.identity = peer_identity(self) or ("volunteer", "?")  # TLS read the certificate already
         self.pushed_back: list = []
         self.limit = max_message()
+        self.in_flight_limit = max_in_flight()
         self.reads_left = 0  # messages still read once its volunteer is shut out (the listener sets it)
         _volunteer_comms[self.volunteer].add(self)  # so that a ban closes it (:func:`shut_out`)
 
@@ -245,10 +264,12 @@ class VolunteerComm(TLS):
                 raise CommClosedError(f"goblin lab: volunteer {self.volunteer} is banned or revoked")
             self.reads_left -= 1
         limit = self.limit
+        reserved = 0
         try:
             (size,) = struct.unpack("Q", await stream.read_bytes(8))
             if size > limit:
                 raise Refused(f"announced a message of {size} bytes (this lab reads at most {limit})", ban=False)
+            reserved += self._reserve(size)
             whole = await read_bytes_rw(stream, size)
             try:
                 from distributed.protocol.utils import unpack_frames
@@ -258,6 +279,7 @@ class VolunteerComm(TLS):
                 raise Refused(f"sent a malformed frame header ({type(e).__name__})") from None
             if any(n < 0 for n in rest) or size + sum(rest) > limit:
                 raise Refused(f"announced buffers of {sum(rest)} bytes (this lab reads at most {limit})", ban=False)
+            reserved += self._reserve(sum(rest))
             for n in rest:
                 frames.append(await read_bytes_rw(stream, n))
         except Refused as e:
@@ -269,7 +291,25 @@ class VolunteerComm(TLS):
         except BaseException:
             self.abort()
             raise
+        finally:
+            if reserved:
+                left = _in_flight.get(self.volunteer, 0) - reserved
+                if left > 0:
+                    _in_flight[self.volunteer] = left
+                else:
+                    _in_flight.pop(self.volunteer, None)
         return await self._decode(frames)
+
+    def _reserve(self, nbytes: int) -> int:
+        """Count ``nbytes`` more of this volunteer's in flight (the buffer is allocated before its bytes
+        arrive), or :class:`Refused` beyond ``goblin.link.max-in-flight`` across its connections: many
+        connections each holding a message one byte short of complete would otherwise hold that many buffers."""
+        held = _in_flight.get(self.volunteer, 0)
+        if held + nbytes > self.in_flight_limit:
+            raise Refused(f"announced {nbytes} bytes with {held} in flight on its other connections (this lab "
+                          f"holds at most {self.in_flight_limit} per volunteer: goblin.link.max-in-flight)", ban=False)
+        _in_flight[self.volunteer] = held + nbytes
+        return nbytes
 
     async def _decode(self, frames):
         from distributed.protocol import loads

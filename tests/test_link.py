@@ -417,3 +417,56 @@ def test_a_banned_or_revoked_volunteer_is_served_nothing_and_its_connections_are
             answer = node.client.sync(_send, address, security, msg)
             assert answer == "dropped", (msg, address, answer)
     _product_is_right(node, 12)  # everyone else is served
+
+
+# -- bytes in flight -------------------------------------------------------------------------------
+
+def test_messages_held_one_byte_short_on_many_connections_hold_one_buffer(tmp_path):
+    """Issue 29: 16 connections each holding a message one byte short of complete grew the scheduler by
+    641 MiB at a 40 MiB message limit.  ``goblin.link.max-in-flight`` bounds what one volunteer has in flight
+    across its connections: past it a connection is dropped (no ban: an oversized burst, not a lie)."""
+    import dask
+
+    message, in_flight, connections = 40 * 2**20, 48 * 2**20, 16
+    with dask.config.set({"goblin.link.max-message": message, "goblin.link.max-in-flight": in_flight}), \
+            LabNode.local(volunteers=1, dashboard=False, state_dir=tmp_path / "lab") as lab:
+        name, security = _volunteer(lab)
+        host, port = _host_port(lab.address)
+        ctx = security.get_connection_args("worker")["ssl_context"]
+        before = _rss(lab, "scheduler")
+
+        async def attack() -> int:
+            body = struct.pack("Q", message) + b"\x01" * (message - 1)  # one byte short of the whole message
+            conns = []
+            for _ in range(connections):
+                reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+                try:
+                    writer.write(body)
+                    await writer.drain()
+                except (ConnectionError, ssl.SSLError):
+                    pass
+                conns.append((reader, writer))
+
+            async def still_open(reader) -> bool:  # the lab's handshake comes first, then EOF if it dropped us
+                try:
+                    while await asyncio.wait_for(reader.read(65536), 5):
+                        pass
+                    return False
+                except asyncio.TimeoutError:
+                    return True
+                except (ConnectionError, ssl.SSLError):
+                    return False
+
+            alive = sum(await asyncio.gather(*(still_open(r) for r, _ in conns)))
+            grown = _rss(lab, "scheduler") - before
+            for _, writer in conns:
+                writer.close()
+            return alive, grown
+
+        alive, grown = lab.client.sync(attack)
+        assert alive <= in_flight // message, f"{alive} half-sent messages held at once"
+        assert grown < message + 100 * 2**20, f"the scheduler grew by {grown / 2**20:.0f} MiB"
+        assert "goblin.link.max-in-flight" in (_refusal_of(lab, name) or "")
+        assert not _banned(lab, name)
+        with lab.client.as_current():
+            _product_is_right(lab, 13)  # the lab goes on
