@@ -81,11 +81,17 @@ class LabKeys:
             raise CredentialError(f"credential of {name!r} was revoked")
         return Identity(role, name)
 
-    def revoked(self) -> set[str]:
+    def revoked(self) -> frozenset[str]:
+        """The revoked names; read again only when the file changed (asked for every volunteer call)."""
         try:
-            return set(json.loads(self._revoked_path.read_text()))
+            st = self._revoked_path.stat()
         except FileNotFoundError:
-            return set()
+            return frozenset()
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if getattr(self, "_revoked_stamp", None) != stamp:
+            self._revoked_cache = frozenset(json.loads(self._revoked_path.read_text()))
+            self._revoked_stamp = stamp
+        return self._revoked_cache
 
     def revoke(self, name: str) -> None:
         names = self.revoked() | {name}

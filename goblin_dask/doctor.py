@@ -99,6 +99,8 @@ async def _ask_node(address: str, cred, timeout: float):
             if isinstance(answer, dict) and answer.get("status") == "uncaught-error":
                 return None, str(answer.get("exception_text") or answer.get("text") or answer)
             answers.append(answer)
+            if isinstance(answer, dict) and (answer.get("revoked") or answer.get("token") not in (None, "ok")):
+                return (answer, []), None  # refused: the node tells it why, and nothing more
         return tuple(answers), None
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"

@@ -10,7 +10,9 @@ distributed's ``TLS`` comm, unchanged.  A :class:`VolunteerComm`
 
 * reads a message only when its announced size is within ``goblin.link.max-message``
   (default: a quarter of this machine's memory): a header announcing 100 GB allocates
-  nothing and drops the connection;
+  nothing and drops the connection; and only while the volunteer's unfinished messages across
+  all its connections stay within ``goblin.link.max-in-flight`` (default: one largest message),
+  so that 32 connections each one byte short of a whole message hold one buffer, not 32;
 * decodes it with the plain-data allow-list (:func:`goblin_dask.safe_pickle.plain_data_loads`:
   numeric arrays, numbers, plain containers; no class, no function, no exception object)
   and without compressed frames, whatever the handler, the ``get_data`` answer or the
@@ -102,6 +104,22 @@ def max_message() -> int:
     return int(dask.utils.parse_bytes(limit))
 
 
+def max_in_flight() -> int:
+    """``goblin.link.max-in-flight``: bytes of unfinished messages one volunteer may have across its
+    connections to a lab process (null: :func:`max_message`, one largest message)."""
+    limit = settings.get("goblin.link.max-in-flight")
+    if limit is None:
+        return max_message()
+    value = int(dask.utils.parse_bytes(limit) if isinstance(limit, str) else limit)
+    if value <= 0:
+        raise ValueError(f"goblin.link.max-in-flight must be a positive number of bytes, got {limit!r}")
+    return value
+
+
+#: volunteer name -> bytes of the messages this process is reading from it now (all its connections)
+_in_flight: dict[str, int] = {}
+
+
 # -- refusals --------------------------------------------------------------------------
 
 _refusal_handler: Callable[[str, str, bool], Any] | None = None
@@ -111,6 +129,55 @@ def set_refusal_handler(handler: Callable[[str, str, bool], Any] | None) -> None
     """``handler(name, reason, ban)`` is called for each refusal (the scheduler bans through admission)."""
     global _refusal_handler
     _refusal_handler = handler
+
+
+# -- banned and revoked volunteers ---------------------------------------------------------
+
+#: Volunteer names this process reads nothing more from (banned or revoked): :func:`shut_out`.
+_shut_out: set[str] = set()
+#: Each volunteer's open connections to this process (accepted, activated standby, or dialled).
+_volunteer_comms: dict[str, weakref.WeakSet] = defaultdict(weakref.WeakSet)
+#: What a banned or revoked volunteer may still ask, on the scheduler only, to be told why it is refused:
+#: one message of at most :data:`SHUT_OUT_MESSAGE` bytes on a new connection (its ``register-worker`` is
+#: answered "banned" or "revoked", ``goblin doctor``'s check says so); then the connection is closed.
+_told_when_shut_out: frozenset[str] = frozenset()
+SHUT_OUT_MESSAGE = 256 * 2**10
+
+
+def shut_out(names) -> int:
+    """Read nothing more from volunteers ``names`` (banned or revoked): their open connections to this
+    process are closed now (calls, worker stream, standby), and each new one is closed before its first
+    message is read.  Returns how many open connections were closed."""
+    closed = 0
+    for name in names:
+        name = str(name)
+        _shut_out.add(name)
+        for comm in list(_volunteer_comms.get(name, ())):
+            if not comm.closed():
+                comm.abort()
+                closed += 1
+    if closed:
+        logger.info("closed %d connection(s) of banned or revoked volunteer(s) %s", closed, ", ".join(map(str, names)))
+    return closed
+
+
+def start_shut_out(names) -> None:
+    """A lab node starts: exactly ``names`` are shut out (its revocation list; one lab node per process)."""
+    _shut_out.clear()
+    shut_out(names)
+
+
+def is_shut_out(name: str) -> bool:
+    return name in _shut_out
+
+
+#: The scheduler's stream message telling a lab worker which volunteers are banned or revoked.
+SHUT_OUT_OP = "goblin-shut-out"
+
+
+def shut_out_handler(names=(), **ignored) -> None:
+    """A lab worker's stream handler of :data:`SHUT_OUT_OP` (sent by the scheduler only)."""
+    shut_out([str(n) for n in names or ()])
 
 
 def refuse(name: str, reason: str, ban: bool = True) -> None:
@@ -177,6 +244,9 @@ class VolunteerComm(TLS):
         self.identity = peer_identity(self) or ("volunteer", "?")  # TLS read the certificate already
         self.pushed_back: list = []
         self.limit = max_message()
+        self.in_flight_limit = max_in_flight()
+        self.reads_left = 0  # messages still read once its volunteer is shut out (the listener sets it)
+        _volunteer_comms[self.volunteer].add(self)  # so that a ban closes it (:func:`shut_out`)
 
     @property
     def volunteer(self) -> str:
@@ -188,11 +258,18 @@ class VolunteerComm(TLS):
         stream = self.stream
         if stream is None:
             raise CommClosedError()
+        if self.volunteer in _shut_out:
+            if self.reads_left <= 0:
+                self.abort()
+                raise CommClosedError(f"goblin lab: volunteer {self.volunteer} is banned or revoked")
+            self.reads_left -= 1
         limit = self.limit
+        reserved = 0
         try:
             (size,) = struct.unpack("Q", await stream.read_bytes(8))
             if size > limit:
                 raise Refused(f"announced a message of {size} bytes (this lab reads at most {limit})", ban=False)
+            reserved += self._reserve(size)
             whole = await read_bytes_rw(stream, size)
             try:
                 from distributed.protocol.utils import unpack_frames
@@ -202,6 +279,7 @@ class VolunteerComm(TLS):
                 raise Refused(f"sent a malformed frame header ({type(e).__name__})") from None
             if any(n < 0 for n in rest) or size + sum(rest) > limit:
                 raise Refused(f"announced buffers of {sum(rest)} bytes (this lab reads at most {limit})", ban=False)
+            reserved += self._reserve(sum(rest))
             for n in rest:
                 frames.append(await read_bytes_rw(stream, n))
         except Refused as e:
@@ -213,7 +291,25 @@ class VolunteerComm(TLS):
         except BaseException:
             self.abort()
             raise
+        finally:
+            if reserved:
+                left = _in_flight.get(self.volunteer, 0) - reserved
+                if left > 0:
+                    _in_flight[self.volunteer] = left
+                else:
+                    _in_flight.pop(self.volunteer, None)
         return await self._decode(frames)
+
+    def _reserve(self, nbytes: int) -> int:
+        """Count ``nbytes`` more of this volunteer's in flight (the buffer is allocated before its bytes
+        arrive), or :class:`Refused` beyond ``goblin.link.max-in-flight`` across its connections: many
+        connections each holding a message one byte short of complete would otherwise hold that many buffers."""
+        held = _in_flight.get(self.volunteer, 0)
+        if held + nbytes > self.in_flight_limit:
+            raise Refused(f"announced {nbytes} bytes with {held} in flight on its other connections (this lab "
+                          f"holds at most {self.in_flight_limit} per volunteer: goblin.link.max-in-flight)", ban=False)
+        _in_flight[self.volunteer] = held + nbytes
+        return nbytes
 
     async def _decode(self, frames):
         from distributed.protocol import loads
@@ -273,7 +369,6 @@ def _comm_for(stream, local_addr: str, peer_addr: str, deserialize: bool = True)
 
 # -- the lab side: listener, connector, standby connections --------------------------------
 
-_volunteer_comms: dict[str, weakref.WeakSet] = defaultdict(weakref.WeakSet)
 _handshaking = 0
 
 
@@ -311,12 +406,18 @@ class LabTLSListener(TLSListener):
         comm = self.comm_class(stream, self.prefix + get_stream_address(stream), address, self.deserialize)
         comm.allow_offload = self.allow_offload
         if isinstance(comm, VolunteerComm):
+            shut_out = comm.volunteer in _shut_out
+            if shut_out and not _told_when_shut_out:  # banned or revoked: not one byte of it is read
+                logger.info("closed a connection of banned or revoked volunteer %s from %s", comm.volunteer, address)
+                comm.abort()
+                return
+            if shut_out:  # distributed's handshake, then one small message: the one that tells it why
+                comm.reads_left, comm.limit = 2, min(comm.limit, SHUT_OUT_MESSAGE)
             held, most = _volunteer_comms[comm.volunteer], int(settings.get("goblin.link.max-connections"))
-            if sum(1 for c in held if not c.closed()) >= most:
+            if sum(1 for c in held if not c.closed() and c is not comm) >= most:
                 refuse(comm.volunteer, f"opened more than {most} connections", ban=False)
                 comm.abort()
                 return
-            held.add(comm)
         try:
             await self.on_connection(comm)
         except CommClosedError:
@@ -325,6 +426,10 @@ class LabTLSListener(TLSListener):
             try:
                 first = await comm.read()
             except (CommClosedError, OSError):
+                return
+            if comm.volunteer in _shut_out and not (isinstance(first, dict) and first.get("op") in _told_when_shut_out):
+                logger.info("closed a connection of banned or revoked volunteer %s from %s", comm.volunteer, address)
+                comm.abort()
                 return
             if isinstance(first, dict) and first.get("op") == rpc.STANDBY:
                 STANDBY.park(comm, first.get("address"))
@@ -386,6 +491,9 @@ class NatConnector(Connector):
     """Reaches a volunteer through a connection it parked here."""
 
     async def connect(self, address, deserialize=True, **connection_args):
+        name = parse_host_port(address)[0]
+        if name in _shut_out:
+            raise OSError(f"goblin lab: volunteer {name} is banned or revoked")
         comm = await STANDBY.take(f"nat://{address}")
         try:
             await comm.write({"op": rpc.ACTIVATE})
@@ -557,6 +665,10 @@ def install_scheduler_side(scheduler, admission) -> None:
     for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
         scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
+    global _told_when_shut_out
+    from scheduler_plugins.admission import SHUT_OUT_TOLD
+
+    _told_when_shut_out = SHUT_OUT_TOLD
     scheduler.add_plugin(StreamInterval())
     silent = SilentVolunteers(scheduler, admission)
     scheduler.periodic_callbacks["goblin-silent-volunteers"] = silent.callback

@@ -27,6 +27,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask import link
 from goblin_dask.credentials import CredentialError, LabKeys
 from goblin_dask.node import rpc
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, VOLUNTEER_RESOURCE
@@ -36,6 +37,8 @@ logger = logging.getLogger("goblin_dask.admission")
 
 
 
+#: What a banned or revoked volunteer is still answered: why it is refused.
+SHUT_OUT_TOLD = frozenset({"register-worker", rpc.CHECK_CREDENTIAL})
 #: The scheduler handlers a volunteer's connection may call.
 VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has", "identity", rpc.LINK_ENDPOINTS,
                                 rpc.VOLUNTEER_STATUS, rpc.CHECK_CREDENTIAL})
@@ -137,6 +140,7 @@ class AdmissionPlugin(SchedulerPlugin):
         scheduler.handlers[rpc.BAN] = self.ban_handler
         scheduler.handlers[rpc.WORKERS] = self.workers_handler
         scheduler.handlers[rpc.CHECK_CREDENTIAL] = self.check_credential_handler
+        link.start_shut_out(keys.revoked())  # no byte of a banned or revoked volunteer is read (goblin_dask.link)
 
     # -- queries -----------------------------------------------------------------
     def lab_workers(self) -> list[str]:
@@ -271,9 +275,23 @@ class AdmissionPlugin(SchedulerPlugin):
         for op, handler in list(self.scheduler.handlers.items()):
             self.scheduler.handlers[op] = _authorized(op, handler, self.volunteer_call)
 
+    def is_shut_out(self, name: str) -> bool:
+        """Is volunteer ``name`` banned or revoked (by this node, or by ``goblin revoke`` writing the state
+        directory while it could not reach the node)?  Its open connections are closed when first seen."""
+        if link.is_shut_out(name):
+            return True
+        if name in self.banned or name in self.keys.revoked():
+            link.shut_out([name])
+            return True
+        return False
+
     def volunteer_call(self, name: str, op: str, msg: dict) -> None:
-        """PermissionError unless volunteer ``name`` may make this call now (its :class:`CallBudget`, the
-        arguments of ``who_has``); a volunteer refused :data:`VOLUNTEER_FLOOD_BAN` times is banned."""
+        """PermissionError unless volunteer ``name`` may make this call now (not banned or revoked, its
+        :class:`CallBudget`, the arguments of ``who_has``); a volunteer refused :data:`VOLUNTEER_FLOOD_BAN`
+        times is banned.  A banned or revoked one is answered only why it is refused (``register-worker``,
+        ``goblin_check_credential``)."""
+        if self.is_shut_out(name) and op not in SHUT_OUT_TOLD:
+            raise PermissionError(f"goblin lab node: volunteer {name} is banned or revoked: '{op}' refused")
         if not self.calls.spend(name):
             refused = self.calls.refused[name]
             if refused == VOLUNTEER_FLOOD_BAN:
@@ -298,6 +316,8 @@ class AdmissionPlugin(SchedulerPlugin):
         elif not any(b["name"] == name for b in self.bans):
             self.bans.append({"name": name, "reason": "revoked by the lab's admin", "time": time.time()})
             logger.warning("revoked volunteer %s", name)
+        link.shut_out([name])  # its calls, stream and standby connections to the scheduler: closed now
+        self.tell_lab_workers([name])  # ... and to the lab workers
         closed = [a for a, n in self.names.items() if n == name and a in self.scheduler.workers]
         for addr in closed:  # expected: its tasks are not to blame (no KilledWorker for them)
             self.scheduler.loop.add_callback(
@@ -320,6 +340,21 @@ class AdmissionPlugin(SchedulerPlugin):
             self.bans.append({"name": name, "reason": reason, "time": time.time()})
             logger.warning("banned volunteer %s: %s", name, reason)
         return self.revoke(name, ban=True)
+
+    def tell_lab_workers(self, names, workers=None) -> None:
+        """The lab workers read nothing more from volunteers ``names`` either (:data:`link.SHUT_OUT_OP`)."""
+        for address in self.lab_workers() if workers is None else workers:
+            stream = self.scheduler.stream_comms.get(address)
+            if stream is not None:
+                try:
+                    stream.send({"op": link.SHUT_OUT_OP, "names": sorted(names)})
+                except Exception as e:  # a lab worker leaving: it learns the whole list when it rejoins
+                    logger.warning("could not tell lab worker %s of banned volunteers: %s", address, e)
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        names = self.banned | self.keys.revoked()
+        if names and self.roles.get(worker) == "lab":  # a lab worker (re)joining learns every banned or revoked name
+            self.tell_lab_workers(names, workers=[worker])
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.roles.pop(worker, None)

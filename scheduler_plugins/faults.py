@@ -25,9 +25,21 @@ case the lab node, not the researcher, deals with it:
   times); the tasks it holds go elsewhere.  Placement skips it (the scheduler's
   ``valid_workers``), and when every connected volunteer is excluded the work goes to
   the lab worker rather than waiting.  A volunteer keeps its cooldown across reconnects.
+* **Bounces.**  A volunteer answering a ``compute-task`` with ``reschedule`` (distributed's "run it
+  elsewhere") hands it back: the task goes to another volunteer (never back to it while it is not
+  computed), or to the lab worker once ``goblin.faults.max-attempts`` volunteers failed or bounced it.  A
+  bounce counts as a failure (towards cooldown), except from a volunteer that paused (``goblin volunteer
+  pause`` hands back the tasks it has not started); so a volunteer bounces each task at most once, and a
+  running one at most ``max-consecutive`` in a row before it rests.  Counted per volunteer in the report's
+  ``bounces``.
 * **Late.**  A volunteer whose tasks the ledger reissued for missing ``goblin.verification.deadline``
   (it held them and finished nothing) goes into cooldown at once (:meth:`FaultPlugin.rest`):
   a computation waits on one slow volunteer for one deadline, not once per task it is given.
+
+* **No volunteer.**  A volunteer task that no volunteer can take (none connected, all paused) waits
+  ``goblin.faults.no-volunteer-wait`` seconds (60) for one to join, then runs on the lab worker (counted
+  in ``to_lab``, logged with the setting's name): a product never waits forever, silently, on a lab whose
+  volunteers are gone.
 
 Each failure, crash and cooldown is counted in the ledger's per-volunteer record
 (``failed``, ``cooldowns``) and listed, with the volunteer's name and a short reason,
@@ -41,6 +53,7 @@ import time
 from collections import deque
 from typing import Any
 
+from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -82,7 +95,7 @@ class FaultPlugin(SchedulerPlugin):
     name = "goblin-faults"
 
     def __init__(self, scheduler, admission: AdmissionPlugin, ledger=None, *, max_consecutive: int | None = None,
-                 cooldown: float | None = None, max_attempts: int | None = None):
+                 cooldown: float | None = None, max_attempts: int | None = None, volunteer_wait: float | None = None):
         self.scheduler = scheduler
         self.admission = admission
         self.ledger = ledger
@@ -95,8 +108,20 @@ class FaultPlugin(SchedulerPlugin):
         self.max_consecutive = max(1, int(max_consecutive))
         self.cooldown = float(cooldown)
         self.max_attempts = max(1, int(max_attempts))
+        if volunteer_wait is None:
+            volunteer_wait = settings.get("goblin.faults.no-volunteer-wait")
+        self.volunteer_wait = float(volunteer_wait)
+        if not self.volunteer_wait >= 0:
+            raise ValueError(f"goblin.faults.no-volunteer-wait must be a number of seconds, at least 0, "
+                             f"got {volunteer_wait!r}")
+        #: volunteer task waiting in no-worker -> time.monotonic() it was first seen there
+        self.waiting_since: dict[Any, float] = {}
         #: key -> names of the volunteers it failed on (while it is not computed)
         self.failed_on: dict[Any, set[str]] = {}
+        #: key -> names of the paused volunteers that handed it back (not failures; not given to them again)
+        self.bounced_on: dict[Any, set[str]] = {}
+        #: volunteer name -> tasks it handed back (``reschedule``), paused or not
+        self.bounces: dict[str, int] = {}
         #: volunteer name -> failures since its last success (or cooldown)
         self.in_row: dict[str, int] = {}
         #: volunteer name -> time.monotonic() its cooldown ends
@@ -110,6 +135,8 @@ class FaultPlugin(SchedulerPlugin):
 
         self._task_erred = scheduler.stream_handlers["task-erred"]
         scheduler.stream_handlers["task-erred"] = self.handle_task_erred
+        self._reschedule = scheduler.stream_handlers["reschedule"]
+        scheduler.stream_handlers["reschedule"] = self.handle_reschedule
         self._valid_workers = scheduler.valid_workers
         scheduler.valid_workers = self.valid_workers
         self._remove_worker = scheduler.remove_worker
@@ -168,6 +195,27 @@ class FaultPlugin(SchedulerPlugin):
         self._blame(name, "error", ts.key, short_text(text))
         self.rescheduled += 1
         # processing -> released -> waiting -> processing elsewhere (valid_workers decides where)
+        self.scheduler._reschedule(ts.key, worker=worker, stimulus_id=stimulus)
+        self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
+
+    def handle_reschedule(self, key: Any = None, worker: str | None = None, stimulus_id: str = "", **msg: Any) -> None:
+        """Stream handler of ``reschedule``: a volunteer handing a task back is counted (see Bounces above)."""
+        if worker is None or not self.admission.is_volunteer(worker):
+            return self._reschedule(key=key, worker=worker, stimulus_id=stimulus_id, **msg)
+        ts = self._processing_on(key, worker)
+        if ts is None:  # not a task it is running: the scheduler would ignore it too
+            return None
+        name = self.admission.names.get(worker, worker)
+        self.bounces[name] = self.bounces.get(name, 0) + 1
+        ws = self.scheduler.workers.get(worker)
+        if ws is not None and ws.status == Status.paused:  # an honest pause hands back what it had not started
+            self.bounced_on.setdefault(ts.key, set()).add(name)
+            self._sweep = True
+        else:
+            logger.warning("volunteer %s handed back task %s without computing it", name, short_text(ts.key, 200))
+            self.failed_on.setdefault(ts.key, set()).add(name)
+            self._blame(name, "bounce", ts.key, "handed the task back (reschedule) without computing it")
+        stimulus = f"goblin-bounce-{short_text(stimulus_id, 80)}"
         self.scheduler._reschedule(ts.key, worker=worker, stimulus_id=stimulus)
         self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
 
@@ -276,6 +324,7 @@ class FaultPlugin(SchedulerPlugin):
             del self.cooling[name]
             logger.info("volunteer %s: cooldown over, it gets work again", name)
             self._sweep = True
+        self._no_volunteer(now)
         if not self._sweep:
             return
         self._sweep = False
@@ -287,6 +336,29 @@ class FaultPlugin(SchedulerPlugin):
                     recommendations[ts.key] = "processing"
         if recommendations:
             self.scheduler.transitions(recommendations, stimulus_id=f"goblin-faults-{time.time()}")
+
+    def _no_volunteer(self, now: float) -> None:
+        """Volunteer tasks that waited ``no-volunteer-wait`` seconds in no-worker go to the lab worker."""
+        unrunnable = self.scheduler.unrunnable
+        if not unrunnable and not self.waiting_since:
+            return
+        waiting, moved = {}, []
+        for ts in list(unrunnable):
+            if VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
+                continue
+            since = waiting[ts.key] = self.waiting_since.get(ts.key, now)
+            if now - since >= self.volunteer_wait:
+                moved.append(ts)
+        self.waiting_since = waiting
+        if not moved:
+            return
+        logger.warning("%d volunteer task(s) waited %g s for a volunteer (goblin.faults.no-volunteer-wait) and none "
+                       "could take them: the lab worker computes them", len(moved), self.volunteer_wait)
+        for ts in moved:
+            self.waiting_since.pop(ts.key, None)
+            self.move_to_lab(ts, f"no volunteer could take it for {self.volunteer_wait:g} s", log=False)
+        self.scheduler.transitions({ts.key: "processing" for ts in moved},
+                                   stimulus_id=f"goblin-no-volunteer-{time.time()}")
 
     # -- placement -------------------------------------------------------------------
     def valid_workers(self, ts):
@@ -301,6 +373,9 @@ class FaultPlugin(SchedulerPlugin):
         if VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
             return valid
         failed = self.failed_on.get(ts.key, ())
+        bounced = self.bounced_on.get(ts.key)
+        if bounced:
+            failed = bounced | set(failed)
         if not failed and not self.cooling:
             return valid
         names = self.admission.names
@@ -312,18 +387,18 @@ class FaultPlugin(SchedulerPlugin):
             return allowed
         if not failed and not valid:
             return allowed  # no volunteer connected at all: it waits for one, as always
-        why = (f"it failed on {len(failed)} volunteer(s) ({', '.join(sorted(failed))})" if failed
+        why = (f"it failed on or was handed back by {len(failed)} volunteer(s) ({', '.join(sorted(failed))})" if failed
                else "every connected volunteer is resting after failures")
         self.move_to_lab(ts, why)
         return self._valid_workers(ts)
 
-    def move_to_lab(self, ts, why: str) -> None:
+    def move_to_lab(self, ts, why: str, log: bool = True) -> None:
         ts.resource_restrictions = {LAB_RESOURCE: 1}
         ts.worker_restrictions = None
         ts.host_restrictions = None
         ts.loose_restrictions = False
         self.to_lab += 1
-        logger.warning("task %s goes to the lab worker: %s", short_text(ts.key, 200), why)
+        (logger.warning if log else logger.debug)("task %s goes to the lab worker: %s", short_text(ts.key, 200), why)
 
     # -- what happened to a task -------------------------------------------------------
     def transition(self, key, start, finish, *args, worker: str | None = None, **kwargs) -> None:
@@ -337,6 +412,7 @@ class FaultPlugin(SchedulerPlugin):
                 self.ledger.computed_by.pop(key, None)
         if finish in ("memory", "erred", "forgotten"):
             self.failed_on.pop(key, None)
+            self.bounced_on.pop(key, None)
 
     # -- report ----------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -345,5 +421,6 @@ class FaultPlugin(SchedulerPlugin):
             "faults": [dict(f) for f in self.faults],
             "cooling": {n: round(until - now, 1) for n, until in sorted(self.cooling.items()) if until > now},
             "rescheduled": self.rescheduled,
+            "bounces": dict(sorted(self.bounces.items())),
             "to_lab": self.to_lab,
         }

@@ -219,6 +219,8 @@ class StreamGuardPlugin(SchedulerPlugin):
 
     def _volunteer_message(self, op: Any, msg: dict, extra: dict):
         worker = extra["worker"]
+        if self.admission.is_shut_out(self.admission.names.get(worker, worker)):
+            return False  # banned or revoked: nothing more of it is read (its connection is being closed)
         try:
             return self.check(worker, op, msg)
         except Refused as e:

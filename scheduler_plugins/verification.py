@@ -35,9 +35,13 @@ cost model (``OpSpec.cost`` of the checked task, computed by the lab worker on t
 holds), added only for accepted results; kept in ``STATE_DIR/credit.json`` across restarts.
 A volunteer asks for its own record on ``goblin_volunteer_status`` (the name is its certificate's).
 
-Deadlines: a volunteer that holds catalog tasks without finishing any for
-``goblin.verification.deadline`` seconds (300) has them reissued to other volunteers, and
-goes into cooldown (``scheduler_plugins.faults``) so that no further task waits on it.
+Deadlines are per task: a volunteer task given to a volunteer is due ``goblin.verification.deadline``
+seconds (300) after the volunteer could start it: ``deadline * (1 + ahead // threads)``, where ``ahead`` is
+the number of tasks it already held when it was given this one and ``threads`` its claimed task threads
+(it runs them that many at a time).  A task held past that without its result is reissued to another
+volunteer, the holder marked ``late`` and put in cooldown (``scheduler_plugins.faults``: what else it holds
+goes elsewhere too), even if it finishes other tasks meanwhile: finishing one task now and then no longer
+keeps the others held.
 
 :meth:`VerificationLedger.report` is what ``LabNode.report()`` and
 ``/goblin/report.json`` return.
@@ -188,7 +192,8 @@ class VerificationLedger(SchedulerPlugin):
         self.volunteers: dict[str, VolunteerRecord] = {}
         #: the latest rejections, each with its volunteer, key, method and reason
         self.rejections: deque[dict[str, Any]] = deque(maxlen=_REJECTIONS_KEPT)
-        self._busy_since: dict[str, float] = {}
+        #: volunteer task being processed -> (its volunteer's address, when it is due: the per-task deadline)
+        self._due: dict[Any, tuple[str, float]] = {}
         self._rng = random.Random(secrets.randbits(64))
         self._deadlines: PeriodicCallback | None = None
         #: where credit is kept across restarts (None: not kept)
@@ -260,7 +265,6 @@ class VerificationLedger(SchedulerPlugin):
             self.volunteers.setdefault(name, VolunteerRecord())
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
-        self._busy_since.pop(worker, None)
         # tasks restricted to some volunteers (replicas, reissued tasks) that only it could run
         stranded = {}
         for key, excluded in list(self.restricted.items()):
@@ -310,6 +314,10 @@ class VerificationLedger(SchedulerPlugin):
                    **kwargs) -> None:
         if finish == "forgotten":  # (one in memory may be lost with its worker and computed again)
             self.restricted.pop(key, None)
+        if start == "processing":
+            self._due.pop(key, None)
+        elif finish == "processing" and is_unverified_key(key):
+            self._given(key)
         if start == "processing" and finish == "memory" and metadata and VERDICTS in metadata:
             self.on_verdicts(worker, **metadata[VERDICTS])
         if start == "processing" and finish == "memory" and worker and is_unverified_key(key):
@@ -322,7 +330,6 @@ class VerificationLedger(SchedulerPlugin):
                 self.computed_by.pop(key, None)
                 return
             self.computed_by[key] = self.admission.names.get(worker, worker)
-            self._busy_since[worker] = time.time()  # it makes progress
             self.tasks += 1
             if key not in self.replicas:
                 self.compute_seconds += seconds
@@ -404,16 +411,27 @@ class VerificationLedger(SchedulerPlugin):
         return {"replica": None, "sample": sample, "trust": trust}
 
     # -- deadlines -----------------------------------------------------------------
+    def _given(self, key) -> None:
+        """A volunteer task starts processing on a worker: when it is due, if that worker is a volunteer."""
+        ts = self.scheduler.tasks.get(key)
+        ws = ts.processing_on if ts is not None else None
+        if ws is None or not self.admission.is_volunteer(ws.address):
+            return
+        ahead = max(0, len(ws.processing) - 1)  # what it held already: it runs them `nthreads` at a time
+        self._due[key] = (ws.address, time.time() + self.deadline * (1 + ahead // max(1, int(ws.nthreads))))
+
     def check_deadlines(self) -> None:
-        """Reissue elsewhere the tasks of volunteers that finished nothing for ``deadline`` seconds."""
+        """Reissue elsewhere each volunteer task held past its deadline; its holder is late and rests."""
         now = time.time()
-        for addr in self.admission.volunteers():
+        overdue: dict[str, list] = {}
+        for key, (addr, due) in self._due.items():
+            if due < now:
+                overdue.setdefault(addr, []).append(key)
+        for addr, keys in overdue.items():
             ws = self.scheduler.workers.get(addr)
-            held = [ts for ts in (ws.processing if ws else ()) if is_unverified_key(ts.key)]
+            tasks = self.scheduler.tasks
+            held = [tasks[k] for k in keys if k in tasks and ws is not None and tasks[k].processing_on is ws]
             if not held:
-                self._busy_since.pop(addr, None)
-                continue
-            if now - self._busy_since.setdefault(addr, now) <= self.deadline:
                 continue
             name = self.admission.names.get(addr, addr)
             moved = 0
@@ -429,8 +447,7 @@ class VerificationLedger(SchedulerPlugin):
                 logger.warning("volunteer %s missed its deadline: %d task(s) reissued elsewhere", name, moved)
                 faults = self.scheduler.plugins.get("goblin-faults")
                 if faults is not None and hasattr(faults, "rest"):  # no more work for it until it has rested
-                    faults.rest(name, f"missed its {self.deadline:g} s deadline")
-            self._busy_since[addr] = now
+                    faults.rest(name, f"held {moved} task(s) past their {self.deadline:g} s deadline")
 
     # -- report --------------------------------------------------------------------
     def _bans(self) -> list[dict[str, Any]]:

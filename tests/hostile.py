@@ -19,6 +19,11 @@ without ``--trigger``):
 * ``foreign-task-finished``: puts a number of its own under KEY and sprays ``task-finished``
   for KEY (a task it was never given): on a plain scheduler it becomes one of KEY's holders.
 
+Task attack ``bounce``: every ``compute-task`` is answered with ``reschedule`` (distributed's "run it
+elsewhere") at once, nothing computed; on a plain scheduler the same idle-looking volunteer gets it again.
+Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never started; of the others, the
+newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
+
 Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
 float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
 of float64, or float64 instead of anything else).
@@ -35,6 +40,7 @@ import numpy as np
 
 STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished")
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
+TASK_ATTACKS = ("bounce", "hold")
 #: The number a stealing volunteer puts under the key.
 FAKE = -12345.0
 SPRAY = 4000
@@ -45,9 +51,10 @@ logger = logging.getLogger("tests.hostile")
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
     from tests.agent_options import take_options
 
-    opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None})
-    if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS:
-        raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS}")
+    opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
+                                     "keep": "4", "every": "1.0"})
+    if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS:
+        raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS}")
     return opts, rest
 
 
@@ -100,6 +107,59 @@ def main(argv: list[str]) -> None:
             return wrong_result(kind, honest_call(self, *args, **params))
 
         OpSpec.__call__ = hostile_call
+    elif kind in TASK_ATTACKS:
+        from distributed.worker_state_machine import ComputeTaskEvent
+
+        from goblin_dask import volunteer
+
+        honest_class = volunteer._volunteer_worker_class
+
+        def bouncing_class():
+            class BouncingWorker(honest_class()):
+                bounced = 0
+
+                def handle_stimulus(self, *stims):
+                    kept = []
+                    for ev in stims:
+                        if isinstance(ev, ComputeTaskEvent):
+                            BouncingWorker.bounced += 1
+                            self.batched_stream.send({"op": "reschedule", "key": ev.key,
+                                                      "stimulus_id": f"hostile-bounce-{BouncingWorker.bounced}"})
+                        else:
+                            kept.append(ev)
+                    if kept:
+                        super().handle_stimulus(*kept)
+
+            return BouncingWorker
+
+        def holding_class():
+            keep, every = int(opts["keep"]), float(opts["every"])
+
+            class HoldingWorker(honest_class()):
+                def handle_stimulus(self, *stims):
+                    if not hasattr(self, "hostile_stash"):
+                        self.hostile_held, self.hostile_stash = [], []
+                        self.loop.add_callback(self.hostile_release)
+                    kept = []
+                    for ev in stims:
+                        if not isinstance(ev, ComputeTaskEvent):
+                            kept.append(ev)
+                        elif len(self.hostile_held) < keep:
+                            self.hostile_held.append(ev)  # never started
+                        else:
+                            self.hostile_stash.append(ev)
+                    if kept:
+                        super().handle_stimulus(*kept)
+
+                async def hostile_release(self):
+                    while True:
+                        await asyncio.sleep(every)
+                        if self.hostile_stash:  # one finished now and then: it looks busy
+                            super().handle_stimulus(self.hostile_stash.pop())
+
+            return HoldingWorker
+
+        volunteer._volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
     else:
         from goblin_dask import volunteer
 

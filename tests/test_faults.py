@@ -151,6 +151,76 @@ def test_with_only_a_faulty_volunteer_the_lab_worker_computes(lonely):
     assert "goes to the lab worker" in _scheduler_log(lonely)
 
 
+def test_a_volunteer_that_hands_back_every_task_rests_and_bounces_each_task_at_most_once(grid):
+    """A volunteer answering every ``compute-task`` with ``reschedule`` (issue 29: about 4,080 bounces in one
+    64-task product, counted nowhere): each bounce counts as a failure, the task goes elsewhere, and the
+    bouncer rests after a few; the product is numpy's."""
+    honest = grid.volunteer_names()
+    before = grid.report()["volunteers"]
+    bouncer = grid.add_volunteer(module="tests.hostile", extra_args=("--attack", "bounce"))
+    report = _product(grid, seed=5)  # 64 block products
+    bounces = report["faults"]["bounces"].get(bouncer, 0)
+    assert 1 <= bounces <= 64, report["faults"]  # each task at most once (it is not given it again)
+    volunteers = report["volunteers"]
+    assert volunteers[bouncer]["accepted"] == 0 and volunteers[bouncer]["failed"] == bounces
+    assert volunteers[bouncer]["cooldowns"] >= 1 and bouncer in report["faults"]["cooling"], report["faults"]
+    assert any(f["kind"] == "bounce" and f["volunteer"] == bouncer for f in report["faults"]["faults"])
+    for name in honest:  # the honest volunteer computed, and was not blamed
+        assert volunteers[name]["accepted"] > before.get(name, {}).get("accepted", 0)
+        assert volunteers[name]["failed"] == before.get(name, {}).get("failed", 0)
+    assert f"volunteer {bouncer} handed back task" in _scheduler_log(grid)
+    _retire(grid, bouncer)
+
+
+def _product_when_done(node, seed: int, what: str):
+    """The block product, numpy's numbers asserted; waited for as an event (a test that fails, not one
+    that hangs, when the lab keeps it waiting)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((N, N)), rng.standard_normal((N, N))
+    dsk, keys, blocks = blocked_product_graph(a, b, BLOCK)
+    futures = node.client.get(dsk, keys, sync=False)
+    wait_for(lambda: all(f.done() for f in futures), what, timeout=300)
+    results = node.client.gather(futures)
+    c = assemble({k[1:]: r for k, r in zip(keys, results)}, (N, N), blocks)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-10, atol=1e-10)
+    return node.report()
+
+
+def test_tasks_held_past_their_deadline_are_reissued_though_their_holder_finishes_others(tmp_path):
+    """Issue 29: the deadline was per volunteer, so finishing one task now and then kept the others held
+    forever (the product unfinished after 8 deadlines, no late mark).  Now each task has its deadline."""
+    import dask
+
+    deadline, every = 4.0, 1.2
+    with dask.config.set({"goblin.verification.deadline": deadline}), \
+            LabNode.local(volunteers=1, state_dir=tmp_path / "lab") as lab:
+        honest = lab.volunteer_names()
+        holder = lab.add_volunteer(module="tests.hostile", nthreads=32,
+                                   extra_args=("--attack", "hold", "--keep", "4", "--every", str(every)))
+        report = _product_when_done(lab, seed=6, what="the product, with 4 of its tasks held by one volunteer")
+        record = report["volunteers"][holder]
+        assert record["late"] >= 1 and record["trust"] == 0, record
+        # its held tasks were reissued at their deadline, while it was still finishing others (one every
+        # 1.2 s): not once it ran out of tasks to finish (a per-volunteer deadline waits for that)
+        assert record["accepted"] <= deadline / every + 2, record
+        assert report["reissued"] >= 4, report["reissued"]
+        assert record["cooldowns"] >= 1, report["faults"]
+        for name in honest:
+            assert report["volunteers"][name]["late"] == 0 and report["volunteers"][name]["failed"] == 0
+        assert f"volunteer {holder} missed its deadline" in _scheduler_log(lab)
+
+
+def test_a_volunteer_task_with_no_volunteer_to_run_it_goes_to_the_lab_after_a_bounded_wait(tmp_path):
+    """Before, a volunteer task on a lab with no volunteer waited in no-worker forever, silently."""
+    import dask
+
+    with dask.config.set({"goblin.faults.no-volunteer-wait": 1.0}), \
+            LabNode.local(volunteers=0, state_dir=tmp_path / "lab") as lab:
+        report = _product_when_done(lab, seed=7, what="the product, on a lab with no volunteer")
+        assert report["faults"]["to_lab"] >= 64, report["faults"]  # every block product
+        assert "goblin.faults.no-volunteer-wait" in _scheduler_log(lab)
+
+
 # -- the plugin's bookkeeping, without processes ----------------------------------------
 
 
@@ -169,7 +239,7 @@ class _FakeTask:
 class _FakeScheduler:
     def __init__(self, workers):
         self.workers = {w.address: w for w in workers}
-        self.stream_handlers = {"task-erred": lambda **msg: self.erred.append(msg)}
+        self.stream_handlers = {"task-erred": lambda **msg: self.erred.append(msg), "reschedule": lambda **msg: None}
         self.erred, self.tasks, self.unrunnable, self.plugins = [], {}, {}, {}
 
     def valid_workers(self, ts):

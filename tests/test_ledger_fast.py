@@ -391,6 +391,13 @@ def test_two_colluding_volunteers_agreeing_on_wrong_blocks_are_caught_by_the_aud
 # -- deadlines -----------------------------------------------------------------------------
 
 
+def _past_due(ledger, address: str) -> None:
+    """The tasks ``address`` holds are past their deadline (as if it had sat on them that long)."""
+    for key, (held_by, _) in list(ledger._due.items()):
+        if held_by == address:
+            ledger._due[key] = (held_by, time.time() - 1)
+
+
 def test_tasks_held_past_the_deadline_are_reissued_to_another_volunteer(tmp_path):
     async def body(lab):
         staller = await lab.add_volunteer("slow", cls=stalling_worker())
@@ -405,7 +412,7 @@ def test_tasks_held_past_the_deadline_are_reissued_to_another_volunteer(tmp_path
             assert held and all(is_unverified_key(k) for k in held)
             ledger.check_deadlines()  # within the deadline: nothing moves
             assert ledger.reissued == 0
-            ledger._busy_since[slow] = time.time() - ledger.deadline - 1  # it has sat on them past the deadline
+            _past_due(ledger, slow)  # it has sat on them past their deadline
             ledger.check_deadlines()
             assert ledger.reissued == len(held)
             record = ledger.volunteers["slow"]
@@ -431,7 +438,7 @@ def test_a_late_volunteer_keeps_its_tasks_when_no_other_volunteer_can_take_them(
             dsk, keys, blocks = product_graph(a, b, BLOCK)
             futures = client.get(dsk, keys, sync=False)
             await lab.wait_for(lambda: staller.held)
-            ledger._busy_since[staller.address] = time.time() - ledger.deadline - 1
+            _past_due(ledger, staller.address)
             ledger.check_deadlines()
             assert ledger.reissued == 0 and ledger.volunteers["slow"].late == 0  # nowhere else to go
             assert lab.scheduler.workers[staller.address].processing

@@ -63,7 +63,10 @@ def _product_is_right(node, seed: int) -> None:
 
 async def _send(address: str, security, *messages) -> str:
     """Write ``messages`` on one connection; 'dropped' when the lab closes it, else its last answer."""
-    comm = await connect(address, **security.get_connection_args("worker"))
+    try:
+        comm = await connect(address, **security.get_connection_args("worker"))
+    except (CommClosedError, OSError):
+        return "dropped"
     try:
         answer = None
         for msg in messages:
@@ -329,3 +332,141 @@ def test_a_volunteer_killed_mid_product_loses_nothing(tmp_path):
         lab.kill_volunteer(victim)
         np.testing.assert_allclose(future.result(timeout=300), a @ b, rtol=1e-9, atol=1e-12)
         assert victim not in lab.volunteer_names()
+
+
+# -- banned and revoked volunteers ------------------------------------------------------------------
+
+async def _open(address: str, security, first: dict | None = None):
+    """A connection to ``address``; ``first`` sent on it (a call's answer is read and returned too)."""
+    comm = await connect(address, **security.get_connection_args("worker"))
+    answer = None
+    if first is not None:
+        await comm.write(first)
+        if first.get("reply"):
+            answer = await asyncio.wait_for(comm.read(), 20)
+    return comm, answer
+
+
+async def _closed_by_the_lab(comm) -> bool:
+    """Does the lab close ``comm`` (it sends us nothing on a standby or idle call connection)?"""
+    try:
+        while True:
+            await asyncio.wait_for(comm.read(), 30)
+    except (CommClosedError, OSError):
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        comm.abort()
+
+
+def _peer_ports(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_ESTABLISHED}
+
+
+def _connections_from(node, part: str, ports: set[int]) -> int:
+    return sum(1 for c in psutil.Process(node.processes[part].pid).net_connections()
+               if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED)
+
+
+@pytest.mark.parametrize("how", ["banned", "revoked"])
+def test_a_banned_or_revoked_volunteer_is_served_nothing_and_its_connections_are_closed(node, how):
+    """Every handler and stream message of a banned or revoked credential is refused, not only
+    ``register-worker``: its open connections (calls, standby, worker stream) to the scheduler and the lab
+    worker are closed, a new one is closed after telling it why, and it never learns the lab worker's address."""
+    import signal
+
+    from goblin_dask.node import rpc
+
+    lab_worker = node.lab_worker_address()
+    endpoints = {"op": rpc.LINK_ENDPOINTS, "reply": True}
+    # a hostile agent holding connections of its own ...
+    name, security = _volunteer(node)
+    calls, seen = node.client.sync(_open, node.address, security, endpoints)
+    assert lab_worker in seen  # served while in good standing
+    standby = {"op": "goblin_standby", "address": f"nat://{name}:1"}
+    parked = [node.client.sync(_open, address, security, standby)[0] for address in (node.address, lab_worker)]
+    # ... and a real volunteer process, stopped so that only the lab can close what it holds
+    victim = node.add_volunteer()
+    wait_for(lambda: _connections_from(node, "lab-worker", _peer_ports(node.processes[victim].pid)) >= 1,
+             timeout=60, what=f"{victim}'s standby connections to the lab worker")
+    victim_ports = _peer_ports(node.processes[victim].pid)
+    os.killpg(node.processes[victim].pid, signal.SIGSTOP)
+    try:
+        for who in (name, victim):
+            if how == "banned":
+                node.client.sync(node.client.scheduler.goblin_ban, name=who, reason="a test ban")
+            else:
+                node.revoke(who)
+        for comm in (calls, *parked):
+            assert node.client.sync(_closed_by_the_lab, comm)
+        for part in ("scheduler", "lab-worker"):
+            wait_for(lambda: _connections_from(node, part, victim_ports) == 0, timeout=30,
+                     what=f"the {part} to close {victim}'s connections")
+        wait_for(lambda: victim not in node.volunteer_names(), timeout=30, what=f"{victim} removed")
+    finally:
+        node.kill_volunteer(victim)
+    # a new connection is told why it is refused, and nothing more
+    told = node.client.sync(_send, node.address, security, {"op": rpc.CHECK_CREDENTIAL, "reply": True})
+    assert "'revoked': True" in told
+    assert node.client.sync(_send, node.address, security, {"op": rpc.CHECK_CREDENTIAL, "reply": True},
+                            endpoints) == "dropped"
+    for msg in (endpoints, {"op": "identity", "reply": True}, {"op": "who_has", "keys": ["x"], "reply": True},
+                {"op": rpc.VOLUNTEER_STATUS, "reply": True}, standby):
+        for address in (node.address, lab_worker):
+            answer = node.client.sync(_send, address, security, msg)
+            assert answer == "dropped", (msg, address, answer)
+    _product_is_right(node, 12)  # everyone else is served
+
+
+# -- bytes in flight -------------------------------------------------------------------------------
+
+def test_messages_held_one_byte_short_on_many_connections_hold_one_buffer(tmp_path):
+    """Issue 29: 16 connections each holding a message one byte short of complete grew the scheduler by
+    641 MiB at a 40 MiB message limit.  ``goblin.link.max-in-flight`` bounds what one volunteer has in flight
+    across its connections: past it a connection is dropped (no ban: an oversized burst, not a lie)."""
+    import dask
+
+    message, in_flight, connections = 40 * 2**20, 48 * 2**20, 16
+    with dask.config.set({"goblin.link.max-message": message, "goblin.link.max-in-flight": in_flight}), \
+            LabNode.local(volunteers=1, dashboard=False, state_dir=tmp_path / "lab") as lab:
+        name, security = _volunteer(lab)
+        host, port = _host_port(lab.address)
+        ctx = security.get_connection_args("worker")["ssl_context"]
+        before = _rss(lab, "scheduler")
+
+        async def attack() -> int:
+            body = struct.pack("Q", message) + b"\x01" * (message - 1)  # one byte short of the whole message
+            conns = []
+            for _ in range(connections):
+                reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+                try:
+                    writer.write(body)
+                    await writer.drain()
+                except (ConnectionError, ssl.SSLError):
+                    pass
+                conns.append((reader, writer))
+
+            async def still_open(reader) -> bool:  # the lab's handshake comes first, then EOF if it dropped us
+                try:
+                    while await asyncio.wait_for(reader.read(65536), 5):
+                        pass
+                    return False
+                except asyncio.TimeoutError:
+                    return True
+                except (ConnectionError, ssl.SSLError):
+                    return False
+
+            alive = sum(await asyncio.gather(*(still_open(r) for r, _ in conns)))
+            grown = _rss(lab, "scheduler") - before
+            for _, writer in conns:
+                writer.close()
+            return alive, grown
+
+        alive, grown = lab.client.sync(attack)
+        assert alive <= in_flight // message, f"{alive} half-sent messages held at once"
+        assert grown < message + 100 * 2**20, f"the scheduler grew by {grown / 2**20:.0f} MiB"
+        assert "goblin.link.max-in-flight" in (_refusal_of(lab, name) or "")
+        assert not _banned(lab, name)
+        with lab.client.as_current():
+            _product_is_right(lab, 13)  # the lab goes on

@@ -45,6 +45,7 @@ class LabWorker(Worker):
         super().__init__(*args, **kwargs)
         self.goblin_fetched_from: OrderedDict = OrderedDict()
         link.tune_worker_stream(self)
+        self.stream_handlers[link.SHUT_OUT_OP] = link.shut_out_handler  # the scheduler names banned volunteers
 
     async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
