@@ -111,15 +111,30 @@ def test_empty_and_tiny_inputs_are_numpys_too():
 
 def test_the_ordered_axes_are_joined_and_the_others_keep_their_blocks():
     a = RNG.standard_normal((30, 12, 8))
-    x = ga.from_array(a, chunks=(7, 5, 4))
+    x = ga.from_array(a, chunks=(30, 5, 4))  # time already whole: nothing moves
     out = np.nanmedian(x, axis=0)
     tasks = [t for t in catalog_tasks(out) if t.op.name == "median"]
     assert len(tasks) == 3 * 2 and out.chunks == ((5, 5, 2), (4, 4))  # one task per (lat, lon) block
-    graph = dict(out.__dask_graph__())
-    for t in tasks:
-        (ref,) = t.dependencies
-        assert np.shape(dask.get(graph, ref))[0] == 30  # each reads the whole time axis of its block
     np.testing.assert_array_equal(values(out), np.nanmedian(a, axis=0))
+
+
+@pytest.mark.parametrize("chunks", [(7, 5, 4), (1, 12, 8), (3, 1, 8)], ids=str)
+def test_joining_an_axis_keeps_each_block_no_larger_than_the_inputs(chunks):
+    """A cube chunked one time step per block: a median over time is not one block of all of it."""
+    a = RNG.standard_normal((30, 12, 8))
+    x = ga.from_array(a, chunks=chunks)
+    largest = int(np.prod([max(c) for c in x.chunks]))
+    for out, name in ((np.nanmedian(x, axis=0), "median"), (np.sort(x, axis=0), "sort"),
+                      (np.quantile(x, [0.5], axis=0), "quantile")):
+        tasks = [t for t in catalog_tasks(out) if t.op.name == name]
+        graph = dict(out.__dask_graph__())
+        for t in tasks:
+            (ref,) = t.dependencies
+            block = np.shape(dask.get(graph, ref))
+            assert block[0] == 30 and np.prod(block) <= max(largest, 30), (name, block)
+        assert len(tasks) > 1
+    np.testing.assert_array_equal(values(np.nanmedian(x, axis=0)), np.nanmedian(a, axis=0))
+    np.testing.assert_array_equal(values(np.sort(x, axis=0)), np.sort(a, axis=0))
 
 
 @pytest.mark.parametrize("chunks", [(17, 11), (4, 3), (1, 2), ((16, 1), (10, 1))], ids=str)
@@ -298,6 +313,13 @@ def test_xarray_quantile_and_median_give_xarrays_numbers(climate, q, dim):
         close(g.median(dim).compute(), da.median(dim))
         close(g.median(dim, skipna=False).compute(), da.median(dim, skipna=False))
         close(g.to_dataset().quantile(q, dim=dim).compute()["t2m"], da.to_dataset().quantile(q, dim=dim)["t2m"])
+
+
+def test_xarray_argsort_is_the_stable_order(climate):
+    xr, da, g = climate
+    got = g.argsort()
+    assert isinstance(got.data, ga.Array)
+    np.testing.assert_array_equal(got.compute().values, np.argsort(da.values, axis=-1, kind="stable"))
 
 
 # -- on a real grid -----------------------------------------------------------------------------------

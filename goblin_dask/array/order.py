@@ -12,12 +12,14 @@ task per (lat, lon) block.  A median over exactly the windows of a ``sliding_win
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from goblin_dask.array.core import Array, asarray, blockwise, refuse
 from goblin_dask.array.layout import ravel, rechunk, squeeze
+from goblin_dask.array.linalg import even_blocks
 from goblin_dask.array.numpy_api import implements
 from goblin_dask.ops import get
 from goblin_dask.ops.order import quantile_levels, sort_axis, topk_count
@@ -25,8 +27,20 @@ from goblin_dask.ops.reductions import reduce_axes
 
 
 def _joined(x: Array, axes: tuple[int, ...]) -> Array:
-    """``x`` with each of ``axes`` in one block (the other axes' blocks unchanged)."""
-    return rechunk(x, tuple((n,) if d in axes else c for d, (n, c) in enumerate(zip(x.shape, x.chunks))))
+    """``x`` with each of ``axes`` in one block, the other axes cut (largest first, in halves) until a block holds
+    no more elements than ``x``'s largest block did, or one slice along ``axes`` (as dask's median rechunks the
+    other axes "auto"): a median over time of a cube chunked one step per block is not one block of it all."""
+    limit = max(math.prod(max(c, default=0) for c in x.chunks), 1)
+    sizes = [n if d in axes else max(c, default=0) for d, (n, c) in enumerate(zip(x.shape, x.chunks))]
+    while math.prod(sizes) > limit:
+        others = [d for d in range(x.ndim) if d not in axes and sizes[d] > 1]
+        if not others:
+            break
+        d = max(others, key=lambda a: sizes[a])
+        sizes[d] = -(-sizes[d] // 2)
+    chunks = tuple((n,) if d in axes else c if sizes[d] >= max(c, default=0) else even_blocks(n, sizes[d])
+                   for d, (n, c) in enumerate(zip(x.shape, x.chunks)))
+    return rechunk(x, chunks)
 
 
 def _order_reduction(opname: str, a: Any, axis: Any, keepdims: bool, **params: Any) -> Array:
