@@ -241,10 +241,20 @@ def test_bad_input_is_refused_before_dispatch_with_what_to_do():
 
 def test_a_function_still_outside_the_catalog_is_named_with_what_to_do():
     x = ga.from_array(RNG.standard_normal((6, 4)), chunks=3)
-    for fn in (np.partition, np.unique):
+    for fn in (np.partition, np.argpartition, np.unique):
         with pytest.raises(TypeError, match=f"numpy.{fn.__name__} is not supported on ga.Array") as e:
-            fn(x, 2) if fn is np.partition else fn(x)
+            fn(x) if fn is np.unique else fn(x, 2)
         assert f"call numpy.{fn.__name__} on the numpy result (x.compute()" in str(e.value)
+    with pytest.raises(TypeError, match=r"np.sort\(x, axis\) is a partition for every kth \(ga.topk"):
+        np.partition(x, 1, axis=0)
+    with pytest.raises(TypeError, match=r"np.argsort\(x, axis\) is an argpartition for every kth"):
+        np.argpartition(x, 1)
+    # and what it suggests is right: a sorted array is a partition
+    a = np.asarray(x)
+    for kth in range(4):
+        part = values(np.sort(x, axis=-1))
+        assert (part[:, :kth] <= part[:, kth:kth + 1]).all() and (part[:, kth + 1:] >= part[:, kth:kth + 1]).all()
+        np.testing.assert_array_equal(part[:, kth], np.partition(a, kth, axis=-1)[:, kth])
 
 
 # -- rolling medians and xarray ---------------------------------------------------------------------
