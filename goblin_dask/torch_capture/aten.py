@@ -573,19 +573,24 @@ def _conv_transpose2d(ga, x, weight, bias, stride, padding, dilation, output_pad
     ``output_padding`` after), against the flipped weight with its in and out channels swapped per group."""
     cin, cout_g, kh, kw = weight.shape
     g = _dilate(ga, _dilate(ga, x, 2, stride[0]), 3, stride[1])
-    widths, crop = [(0, 0), (0, 0)], [slice(None), slice(None)]
+    widths, crop, same = [(0, 0), (0, 0)], [slice(None), slice(None)], []
     for k, p, d, op in zip((kh, kw), padding, dilation, output_padding):
-        lo = d * (k - 1) - p
-        widths.append((max(lo, 0), max(lo + op, 0)))
-        crop.append(slice(max(-lo, 0), None if lo + op >= 0 else lo + op))
-    if any(w != (0, 0) for w in widths):
-        g = ga.pad(g, tuple(widths), constant_values=0)
+        lo, hi = d * (k - 1) - p, d * (k - 1) - p + op
+        both = max(min(lo, hi), 0)  # conv2d's own (symmetric) padding: no padded copy on the lab
+        same.append(both)
+        widths.append((max(lo, 0) - both, max(hi, 0) - both))
+        crop.append(slice(max(-lo, 0), None if hi >= 0 else hi))
     if any(c != slice(None) for c in crop):
         g = ga.getitem(g, tuple(crop))
+    if any(w != (0, 0) for w in widths):
+        g = ga.pad(g, tuple(widths), constant_values=0)
     w = ga.getitem(weight, (slice(None), slice(None), slice(None, None, -1), slice(None, None, -1)))
-    w = ga.reshape(w, (groups, cin // groups, cout_g, kh, kw))
-    w = ga.reshape(ga.transpose(w, (0, 2, 1, 3, 4)), (groups * cout_g, cin // groups, kh, kw))
-    return ga.conv2d(g, w, bias, dilation=dilation, groups=groups)
+    if groups == 1:
+        w = ga.transpose(w, (1, 0, 2, 3))
+    else:
+        w = ga.reshape(w, (groups, cin // groups, cout_g, kh, kw))
+        w = ga.reshape(ga.transpose(w, (0, 2, 1, 3, 4)), (groups * cout_g, cin // groups, kh, kw))
+    return ga.conv2d(g, w, bias, padding=tuple(same), dilation=dilation, groups=groups)
 
 
 @row("aten.max_pool2d_with_indices.default", needs="max_pool2d")
