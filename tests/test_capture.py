@@ -330,8 +330,85 @@ def test_row_that_refuses_its_arguments_fails_at_capture():
     with pytest.raises(UnsupportedOperator) as e:
         goblin_dask.capture(Volume(), (torch.randn(2, 1, 4, 4, 4),))
     msg = str(e.value)
-    assert "aten.convolution.default" in msg and "only 2-d" in msg and "'conv' (Conv3d)" in msg
+    assert "aten.convolution.default" in msg and "only 1-d and 2-d convolutions are mapped" in msg
+    assert "this one has 3 spatial dimensions" in msg and "'conv' (Conv3d)" in msg
     assert "what to do: run that part of the model in torch on your machine" in msg
+
+
+CONVOLUTIONS = [  # (layer, input shape): 1-d as 2-d of height 1, transposed as the convolution of the dilated input
+    (lambda: nn.Conv1d(3, 5, 4), (2, 3, 17)),
+    (lambda: nn.Conv1d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), (2, 4, 19)),
+    (lambda: nn.Conv1d(3, 5, 3, padding="same", bias=False), (2, 3, 10)),
+    (lambda: nn.Conv1d(2, 3, 5, padding=4), (1, 2, 3)),  # a kernel longer than the input
+    (lambda: nn.ConvTranspose1d(3, 5, 4, stride=3, padding=1, output_padding=2), (2, 3, 9)),
+    (lambda: nn.ConvTranspose1d(4, 6, 3, stride=2, padding=4, dilation=2, groups=2), (2, 4, 9)),  # padding > reach
+    (lambda: nn.ConvTranspose2d(3, 4, (3, 2), stride=(2, 1), padding=(1, 0), output_padding=(1, 0)), (2, 3, 5, 6)),
+    (lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2, dilation=(1, 2), padding=(2, 1), bias=False),
+     (1, 4, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("make, shape", CONVOLUTIONS, ids=[
+    "conv1d", "conv1d-strided-dilated-grouped", "conv1d-same", "conv1d-kernel-longer-than-input", "convT1d-output-padding",
+    "convT1d-grouped-cropped", "convT2d-output-padding", "convT2d-grouped-dilated"])
+def test_conv1d_and_transposed_convolutions_match_torch(make, shape):
+    torch.manual_seed(3)
+    layer = make()
+    g = goblin_dask.capture(layer, (torch.from_numpy(data(*shape)),))
+    x = data(*shape, seed=4)
+    got = run(g, x)
+    same(got, reference(layer, x))
+    assert "conv2d" in g.ops, f"the convolution is the catalog's conv2d (Freivalds-checked): {g.ops}"
+
+
+@pytest.mark.parametrize("spatial", [1, 2])
+@pytest.mark.parametrize("length, k, stride, padding, dilation", [
+    (24, 3, 2, 1, 2),  # the strided forward's last window stops short of the padded end: its rows still get gradient
+    (24, 3, 2, 1, 1), (23, 3, 2, 1, 2), (24, 5, 1, 2, 1), (12, 3, 2, 0, 2),
+    (11, 3, 2, 4, 1),  # padding beyond the kernel's reach
+])
+def test_convolution_gradients_match_torch_in_float64(spatial, length, k, stride, padding, dilation):
+    """The backward row on its own (what a training round's joint graph computes), against torch's autograd."""
+    from goblin_dask.torch_capture.aten import TABLE
+
+    rng = np.random.default_rng(length * k + stride)
+    x = torch.tensor(rng.standard_normal((2, 3) + (length,) * spatial), requires_grad=True)
+    w = torch.tensor(rng.standard_normal((4, 3) + (k,) * spatial), requires_grad=True)
+    conv = F.conv1d if spatial == 1 else F.conv2d
+    y = conv(x, w, stride=stride, padding=padding, dilation=dilation)
+    g = torch.tensor(rng.standard_normal(tuple(y.shape)))
+    y.backward(g)
+    each = lambda v: [v] * spatial  # noqa: E731
+    gi, gw, gb = TABLE["aten.convolution_backward.default"].fn(
+        ga, ga.from_array(g.numpy(), chunks=1), ga.from_array(x.detach().numpy()), ga.from_array(w.detach().numpy()),
+        [4], each(stride), each(padding), each(dilation), False, each(0), 1, [True, True, True])
+    np.testing.assert_allclose(gi.compute(scheduler="sync"), x.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gw.compute(scheduler="sync"), w.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gb.compute(scheduler="sync"), g.numpy().sum(axis=(0, *range(2, 2 + spatial))),
+                               rtol=1e-12)
+
+
+class Wave(nn.Module):
+    """Conv1d stack on a signal, with F.conv1d on a weight of the model's own."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 5, padding=2)
+        self.up = nn.ConvTranspose1d(4, 3, 4, stride=2, padding=1)
+        self.kernel = nn.Parameter(torch.randn(3, 3, 3))
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        return F.conv1d(torch.tanh(self.up(h)), self.kernel, stride=2)
+
+
+def test_a_captured_conv1d_model_matches_torch_at_other_batch_sizes():
+    torch.manual_seed(5)
+    model = Wave().eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(3, 2, 16)),))
+    for batch in (3, 1):
+        x = data(batch, 2, 16, seed=batch)
+        same(run(g, x), reference(model, x))
 
 
 def test_static_fallback_and_input_checks():

@@ -24,6 +24,9 @@ from goblin_dask.array.nn import (
 )
 from goblin_dask.array.placement import placement_for
 from goblin_dask.array.composite import fmod, hardsigmoid, hardswish, one_hot, tril, triu
+from goblin_dask.array.order import (
+    argsort, argtopk, median, nanmedian, nanpercentile, nanquantile, percentile, quantile, sort, topk,
+)
 from goblin_dask.array.scan import cumprod, cumsum, nancumprod, nancumsum
 from goblin_dask.array.rolling import sliding_window_view  # also routes xarray's rolling windows here
 from goblin_dask.array.reductions import (
@@ -43,6 +46,8 @@ __all__ = [
 ]
 __all__ += ["cumprod", "cumsum", "nancumprod", "nancumsum", "pad", "take"]
 __all__ += ["sliding_window_view"]
+__all__ += ["argsort", "argtopk", "median", "nanmedian", "nanpercentile", "nanquantile", "percentile", "quantile", "sort",
+            "topk"]
 __all__ += ["fmod", "hardsigmoid", "hardswish", "one_hot", "tril", "triu"]
 __all__ += _ufuncs.__all__
 from goblin_dask.array import nn as _nn  # noqa: E402

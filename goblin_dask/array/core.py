@@ -425,6 +425,12 @@ class Array(Operators, DaskMethodsMixin):
         return _reductions.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, where=where,
                                mean=mean, correction=correction)
 
+    def argsort(self, axis=-1, kind=None, order=None, *, stable=None) -> Array:
+        """Indices that sort along ``axis``, in the stable order (see :func:`goblin_dask.array.argsort`)."""
+        from goblin_dask.array.order import argsort
+
+        return argsort(self, axis=axis, kind=kind, order=order, stable=stable)
+
     def any(self, axis=None, out=None, keepdims=False, *, where=True) -> Array:
         """Whether any value over ``axis`` is nonzero."""
         return _reductions.any(self, axis=axis, out=out, keepdims=keepdims, where=where)

@@ -80,6 +80,13 @@ OUTSIDE_THE_CATALOG = ("compute the operand first and call {call} on the numpy r
                        "or use the catalog's operations (goblin_dask.ops.catalog() lists them)")
 
 
+#: NumPy functions outside the catalog with a near catalog operation: what their refusal suggests first.
+NEAREST = {
+    "partition": "np.sort(x, axis) is a partition for every kth (ga.topk(x, k, axis) takes the k largest)",
+    "argpartition": "np.argsort(x, axis) is an argpartition for every kth (ga.argtopk(x, k, axis): the k largest)",
+}
+
+
 def array_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
     if args and getattr(args[0], "_windows_of", None) is not None:  # a sliding-window view reduced over its windows
         from goblin_dask.array.rolling import fused_numpy_call
@@ -89,8 +96,10 @@ def array_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
             return fused
     impl = HANDLED.get(func)
     if impl is None:
+        nearest = NEAREST.get(func.__name__)
         raise TypeError(f"numpy.{func.__name__} is not supported on ga.Array: it is not a goblin catalog operation; "
-                        f"{OUTSIDE_THE_CATALOG.format(call=f'numpy.{func.__name__}')}")
+                        + (f"{nearest}, or " if nearest else "")
+                        + OUTSIDE_THE_CATALOG.format(call=f'numpy.{func.__name__}'))
     if not _ok_types(types):
         return NotImplemented
     return impl(*args, **kwargs)

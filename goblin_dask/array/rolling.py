@@ -8,7 +8,7 @@ block, so a task reads exactly the numbers its windows need:
 
 * reduced over exactly its window axes (``np.sum(view, axis=-1)``: what xarray's
   ``rolling(...).sum/mean/max/min/count`` do), the view is never built: one fused
-  ``rolling_sum`` / ``rolling_prod`` / ``rolling_max`` / ``rolling_min`` task per block
+  ``rolling_sum`` / ``rolling_prod`` / ``rolling_max`` / ``rolling_min`` / ``rolling_median`` task per block
   (Replica-checked, placed like any Replica op: on volunteers when compute-dense enough);
 * otherwise each block of the view is a ``sliding_window`` task (a lab-only layout op
   holding ``prod(window_shape)`` copies of its block).
@@ -68,7 +68,8 @@ def sliding_window_view(x: Any, window_shape: Any, axis: Any = None, *, subok: b
     """Every window of ``x`` as new trailing axes (NumPy's ``sliding_window_view``), blocked with a halo.
 
     A reduction over exactly the window axes (``np.sum(view, axis=-1)``) becomes one fused
-    ``rolling_<op>`` task per block (sum, prod, max, min); anything else reads ``sliding_window`` blocks.
+    ``rolling_<op>`` task per block (sum, prod, max, min, var, std, median); anything else reads
+    ``sliding_window`` blocks.
     """
     refuse("sliding_window_view", writeable=bool(writeable))
     x = asarray(x)
@@ -88,8 +89,8 @@ def sliding_window_view(x: Any, window_shape: Any, axis: Any = None, *, subok: b
 
 def fused_rolling(kind: str, x: Array, axis: Any, keepdims: bool, dtype: Any = None, **params: Any) -> Array | None:
     """``np.<kind>`` of a :func:`sliding_window_view` over exactly its window axes, as ``rolling_<kind>`` tasks on
-    its halo blocks (``params``: var's and std's ``ddof``, ``skipna``); None when ``x`` is no such view or the
-    reduction is another one."""
+    its halo blocks (``params``: var's and std's ``ddof``, ``skipna``; median's ``skipna``); None when ``x`` is no
+    such view or the reduction is another one."""
     view = getattr(x, "_windows_of", None)
     if view is None or kind not in ROLLING_REDUCTIONS or keepdims:
         return None
@@ -113,8 +114,9 @@ def fused_rolling(kind: str, x: Array, axis: Any, keepdims: bool, dtype: Any = N
 #: NumPy reductions that a view reduced over its windows fuses into: function -> (kind, NaN-skipping).
 _NUMPY_REDUCTIONS = {np.sum: ("sum", False), np.prod: ("prod", False), np.max: ("max", False), np.amax: ("max", False),
                      np.min: ("min", False), np.amin: ("min", False), np.var: ("var", False), np.std: ("std", False),
-                     np.nanvar: ("var", True), np.nanstd: ("std", True)}
-_DEFAULTS = {"out": None, "initial": None, "where": True, "mean": None, "correction": None}
+                     np.nanvar: ("var", True), np.nanstd: ("std", True), np.median: ("median", False),
+                     np.nanmedian: ("median", True)}
+_DEFAULTS = {"out": None, "initial": None, "where": True, "mean": None, "correction": None, "overwrite_input": False}
 
 
 def fused_numpy_call(func: Any, args: tuple, kwargs: dict) -> Array | None:
@@ -129,6 +131,8 @@ def fused_numpy_call(func: Any, args: tuple, kwargs: dict) -> Array | None:
     if any(k not in _DEFAULTS or v is not _DEFAULTS[k] and not (k == "where" and v is True) for k, v in kw.items()):
         return None
     params = {"ddof": ddof, "skipna": skipna} if kind in ("var", "std") else {}
+    if kind == "median":
+        params = {"skipna": skipna}
     if kind not in ("var", "std") and ddof != 0:
         return None
     return fused_rolling(kind, args[0], axis, bool(keepdims), dtype, **params)

@@ -39,6 +39,7 @@ from goblin_dask.ops import (  # noqa: E402,F401  isort: skip
     layout,
     linalg,
     nn,
+    order,
     program,
     random,
     reductions,

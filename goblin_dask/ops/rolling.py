@@ -103,8 +103,11 @@ sliding_window = register(
 
 # -- rolling reductions (Replica, volunteers) --------------------------------------------------------
 
-#: The fused reductions: ``rolling_<kind>``.  var and std take ``ddof`` and ``skipna`` (NumPy's nanvar/nanstd).
-ROLLING_REDUCTIONS = ("sum", "prod", "max", "min", "var", "std")
+#: The fused reductions: ``rolling_<kind>``.  var and std take ``ddof`` and ``skipna`` (NumPy's nanvar/nanstd),
+#: median ``skipna`` (NumPy's nanmedian: xarray's ``rolling(...).median()``).
+ROLLING_REDUCTIONS = ("sum", "prod", "max", "min", "var", "std", "median")
+#: The parameters of each fused reduction that takes any.
+ROLLING_PARAMS = {"var": ("ddof", "skipna"), "std": ("ddof", "skipna"), "median": ("skipna",)}
 
 
 def _moment_params(opname: str, ddof: Any, skipna: Any) -> tuple[int, bool]:
@@ -118,20 +121,21 @@ def _moment_params(opname: str, ddof: Any, skipna: Any) -> tuple[int, bool]:
 def _rolling_op(kind: str) -> OpSpec:
     name = f"rolling_{kind}"
     moments = kind in ("var", "std")
-    extra = ("ddof", "skipna") if moments else ()
+    extra = ROLLING_PARAMS.get(kind, ())
 
     def reducer(view: Any, axes: tuple[int, ...], params: dict) -> Any:
-        if not moments:
+        if not extra:
             return getattr(np, kind)(view, axis=axes)
         ddof, skipna = _moment_params(name, params.get("ddof", 0), params.get("skipna", False))
         with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
             # windows of padding only (NaN) have no degrees of freedom: NaN, as NumPy gives, without its warning
             warnings.simplefilter("ignore", RuntimeWarning)
-            return getattr(np, ("nan" if skipna else "") + kind)(view, axis=axes, ddof=ddof)
+            fn = getattr(np, ("nan" if skipna else "") + kind)
+            return fn(view, axis=axes, ddof=ddof) if moments else fn(view, axis=axes)
 
     def shape_rule(x: Aval, *, window_shape: Any, axis: Any, **params: Any) -> tuple[int, ...]:
         windows, axes = window_params(name, x, window_shape, axis)
-        if moments:
+        if extra:
             _moment_params(name, params.get("ddof", 0), params.get("skipna", False))
         return tuple(_trimmed(x, windows, axes))
 
@@ -150,7 +154,7 @@ def _rolling_op(kind: str) -> OpSpec:
     def cost(x: Aval, *, window_shape: Any, axis: Any, **params: Any) -> Cost:
         windows, axes = window_params(name, x, window_shape, axis)
         out = math.prod(_trimmed(x, windows, axes))
-        per_window = math.prod(windows) * (4 if moments else 1)
+        per_window = math.prod(windows) * (4 if moments else 3 if kind == "median" else 1)
         return Cost(float(out * per_window), float(x.nbytes + out * x.dtype.itemsize))
 
     return register(
@@ -158,9 +162,10 @@ def _rolling_op(kind: str) -> OpSpec:
             name=name, doc=f"np.{kind} of every window of x (the windows of sliding_window_view, fused).",
             shape_rule=shape_rule, dtype_rule=dtype_rule, numpy=run, cost=cost, verify=Replica(),
             arity=1, params=("window_shape", "axis") + extra,
-            examples=_examples({"ddof": 1, "skipna": True} if moments else {}),
+            examples=_examples({"ddof": 1, "skipna": True} if moments else {"skipna": True} if extra else {}),
         )  # fmt: skip
     )
 
 
-rolling_sum, rolling_prod, rolling_max, rolling_min, rolling_var, rolling_std = (_rolling_op(k) for k in ROLLING_REDUCTIONS)
+rolling_sum, rolling_prod, rolling_max, rolling_min, rolling_var, rolling_std, rolling_median = (
+    _rolling_op(k) for k in ROLLING_REDUCTIONS)

@@ -541,12 +541,56 @@ def _batch_norm(ga, x, weight, bias, running_mean, running_var, momentum, eps):
             *_not_computed("aten._native_batch_norm_legit_no_training.default", 3))
 
 
-@row("aten.convolution.default", needs="conv2d")
+_SPATIAL_DIMS = "only 1-d and 2-d convolutions are mapped (Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d)"
+
+
+def _height_one(ga, x, weight, *pairs):
+    """A 1-d convolution's operands as a 2-d one's of height 1 (NCL -> NC1L, OIK -> OI1K): the same sums, term for
+    term, so ``conv2d``'s numbers and its Freivalds check carry over exactly."""
+    return (ga.expand_dims(x, 2), ga.expand_dims(weight, 2), *(((0 if p == "padding" else 1, *v) for p, v in pairs)))
+
+
+@row("aten.convolution.default", needs=("conv2d", "expand_dims", "squeeze", "getitem", "pad", "reshape", "transpose"))
 def _convolution(ga, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or x.ndim != 4:
-        raise NotImplementedError("only 2-d, non-transposed convolutions are mapped")
-    return ga.conv2d(x, weight, bias, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
-                     groups=groups)
+    if x.ndim not in (3, 4):
+        raise NotImplementedError(f"{_SPATIAL_DIMS}; this one has {x.ndim - 2} spatial dimensions")
+    stride, padding, dilation, output_padding = (tuple(v) for v in (stride, padding, dilation, output_padding))
+    one_d = x.ndim == 3
+    if one_d:
+        x, weight, stride, padding, dilation, output_padding = _height_one(
+            ga, x, weight, ("stride", stride), ("padding", padding), ("dilation", dilation),
+            ("padding", output_padding))
+    if transposed:
+        y = _conv_transpose2d(ga, x, weight, bias, stride, padding, dilation, output_padding, groups)
+    else:
+        y = ga.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return ga.squeeze(y, 2) if one_d else y
+
+
+def _conv_transpose2d(ga, x, weight, bias, stride, padding, dilation, output_padding, groups):
+    """A transposed convolution (the input-gradient of a convolution) as a convolution, so volunteers compute it
+    and Freivalds checks it: the input dilated by the stride and padded by ``dilation * (k - 1) - padding`` (plus
+    ``output_padding`` after), against the flipped weight with its in and out channels swapped per group."""
+    cin, cout_g, kh, kw = weight.shape
+    g = _dilate(ga, _dilate(ga, x, 2, stride[0]), 3, stride[1])
+    widths, crop, same = [(0, 0), (0, 0)], [slice(None), slice(None)], []
+    for k, p, d, op in zip((kh, kw), padding, dilation, output_padding):
+        lo, hi = d * (k - 1) - p, d * (k - 1) - p + op
+        both = max(min(lo, hi), 0)  # conv2d's own (symmetric) padding: no padded copy on the lab
+        same.append(both)
+        widths.append((max(lo, 0) - both, max(hi, 0) - both))
+        crop.append(slice(max(-lo, 0), None if hi >= 0 else hi))
+    if any(c != slice(None) for c in crop):
+        g = ga.getitem(g, tuple(crop))
+    if any(w != (0, 0) for w in widths):
+        g = ga.pad(g, tuple(widths), constant_values=0)
+    w = ga.getitem(weight, (slice(None), slice(None), slice(None, None, -1), slice(None, None, -1)))
+    if groups == 1:
+        w = ga.transpose(w, (1, 0, 2, 3))
+    else:
+        w = ga.reshape(w, (groups, cin // groups, cout_g, kh, kw))
+        w = ga.reshape(ga.transpose(w, (0, 2, 1, 3, 4)), (groups * cout_g, cin // groups, kh, kw))
+    return ga.conv2d(g, w, bias, padding=tuple(same), dilation=dilation, groups=groups)
 
 
 @row("aten.max_pool2d_with_indices.default", needs="max_pool2d")
@@ -647,27 +691,36 @@ def _dilate(ga, g, axis, s):
 
 
 @row("aten.convolution_backward.default", needs=("conv2d", "transpose", "getitem", "pad", "expand_dims", "reshape",
-                                                 "sum"))
+                                                 "sum", "squeeze"))
 def _convolution_backward(ga, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
+    """A 1-d or 2-d convolution's gradients (a 1-d one as a 2-d one of height 1)."""
+    if transposed or groups != 1 or x.ndim not in (3, 4):
+        raise NotImplementedError("convolution_backward is mapped for 1-d and 2-d, non-transposed, groups=1 "
+                                  "convolutions (train a ConvTranspose or grouped layer in torch, or capture it for "
+                                  "inference)")
+    if x.ndim == 4:
+        return _conv2d_backward(ga, grad, x, weight, bias_sizes, tuple(stride), tuple(padding), tuple(dilation),
+                                output_mask)
+    x, weight, stride, padding, dilation = _height_one(ga, x, weight, ("stride", tuple(stride)),
+                                                       ("padding", tuple(padding)), ("dilation", tuple(dilation)))
+    gi, gw, gb = _conv2d_backward(ga, ga.expand_dims(grad, 2), x, weight, bias_sizes, stride, padding, dilation,
+                                  output_mask)
+    return (None if gi is None else ga.squeeze(gi, 2)), (None if gw is None else ga.squeeze(gw, 2)), gb
+
+
+def _conv2d_backward(ga, grad, x, weight, bias_sizes, stride, padding, dilation, output_mask):
     """A 2-d convolution's gradients as convolutions (so volunteers compute them and Freivalds checks them):
-    input: the dilated gradient against the flipped, transposed weight; weight: the input (channels as batch)
-    against the gradient (as the weight), stride and dilation swapped."""
-    if transposed or groups != 1 or x.ndim != 4:
-        raise NotImplementedError("convolution_backward is mapped for 2-d, non-transposed, groups=1 convolutions")
-    (sh, sw), (ph, pw), (dh, dw) = tuple(stride), tuple(padding), tuple(dilation)
+    input: the transposed convolution of the gradient (the last ``r`` rows a strided forward reached past its
+    last window, as output padding); weight: the input (channels as batch) against the gradient (as the
+    weight), stride and dilation swapped."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     kh, kw = weight.shape[2], weight.shape[3]
     gi = gw = gb = None
     if output_mask[0]:
-        g = _dilate(ga, _dilate(ga, grad, 2, sh), 3, sw)
-        qh, qw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
-        if qh < 0 or qw < 0:
-            raise NotImplementedError(f"convolution_backward with padding {padding} larger than the kernel's reach")
-        flipped = ga.getitem(weight, (slice(None), slice(None), slice(None, None, -1), slice(None, None, -1)))
-        gi = ga.conv2d(g, ga.transpose(flipped, (1, 0, 2, 3)), None, padding=(qh, qw), dilation=(dh, dw))
-        eh, ew = x.shape[2] - gi.shape[2], x.shape[3] - gi.shape[3]  # rows the strided forward never read
-        if eh or ew:
-            gi = ga.pad(gi, ((0, 0), (0, 0), (0, eh), (0, ew)), constant_values=0)
+        rest = tuple(x.shape[a] + 2 * p - d * (k - 1) - 1 - (grad.shape[a] - 1) * s
+                     for a, k, s, p, d in ((2, kh, sh, ph, dh), (3, kw, sw, pw, dw)))
+        gi = _conv_transpose2d(ga, grad, weight, None, stride, padding, dilation, rest, 1)
     if output_mask[1]:
         w = ga.conv2d(ga.transpose(x, (1, 0, 2, 3)), ga.transpose(grad, (1, 0, 2, 3)), None, stride=(dh, dw),
                       padding=(ph, pw), dilation=(sh, sw))
