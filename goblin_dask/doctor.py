@@ -109,19 +109,10 @@ async def _ask_node(address: str, cred, timeout: float):
 
 
 async def _reach_all(addresses: list[str], cred, timeout: float) -> list[str | None]:
-    from distributed.comm import connect
+    from goblin_dask.volunteer.connection import reachable
 
     args = cred.security().get_connection_args("worker")
-
-    async def reach(address):
-        try:
-            comm = await connect(address, timeout=timeout, **args)
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        await comm.close()
-        return None
-
-    return list(await asyncio.gather(*(reach(a) for a in addresses)))
+    return list(await asyncio.gather(*(reachable(a, args, timeout) for a in addresses)))
 
 
 def _verified_task(address: str, cred, timeout: float) -> Step:

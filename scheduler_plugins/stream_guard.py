@@ -21,7 +21,7 @@ connections (:meth:`StreamGuardPlugin.handle_stream`):
   - ``worker-status-change`` of itself to running, paused or closing;
   - ``keep-alive``, ``log-event`` (plain data, under its own topics), and
     ``request-refresh-who-has`` (answered for the inputs of its own tasks only);
-  - ``goblin-cached``: the lab data blocks it keeps (:mod:`goblin_dask.panel_cache`), lists
+  - ``goblin-cached``: the lab data blocks it keeps (:mod:`goblin_dask.volunteer.panel_cache`), lists
     ``add`` and ``remove`` of at most ``MAX_HINT_KEYS`` keys ``(source-<token>, i, ...)`` each,
     nothing else (a placement hint, :mod:`scheduler_plugins.volunteer_cache`).
 
@@ -47,7 +47,7 @@ from typing import Any
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from goblin_dask.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
+from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
 from goblin_dask.tls import peer_identity
 from goblin_dask.validation.checks import as_key
 from scheduler_plugins.admission import AdmissionPlugin

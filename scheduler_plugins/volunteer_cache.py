@@ -1,6 +1,6 @@
 """Placement prefers the volunteer that already holds a task's inputs.
 
-A volunteer keeps the lab's input blocks it received (:mod:`goblin_dask.panel_cache`) and says
+A volunteer keeps the lab's input blocks it received (:mod:`goblin_dask.volunteer.panel_cache`) and says
 which on its worker stream (``goblin-cached``: keys added, keys removed; validated by
 :mod:`scheduler_plugins.stream_guard`, which bans a volunteer sending a malformed one).  The
 scheduler does not list the volunteer among the keys' holders (a volunteer is no source of the
@@ -10,7 +10,7 @@ use), so distributed's own choice (earliest start: queue plus transfer) picks it
 busier than the transfer it saves.
 
 The hint is untrusted and costs a liar nothing but itself: at most
-:data:`~goblin_dask.panel_cache.MAX_HINT_KEYS` keys per volunteer are believed, only keys of the
+:data:`~goblin_dask.volunteer.panel_cache.MAX_HINT_KEYS` keys per volunteer are believed, only keys of the
 lab's data blocks are accepted, and a volunteer that claims keys it lacks attracts tasks that it
 then fetches the inputs of (or computes wrong and is rejected: every result is checked against the
 lab's own copy).  Cost per placement decision: a set lookup per input of the task, per candidate.
@@ -24,7 +24,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from goblin_dask.panel_cache import HINT_OP, MAX_HINT_KEYS
+from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS
 
 logger = logging.getLogger("goblin_dask.volunteer_cache")
 

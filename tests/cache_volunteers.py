@@ -1,4 +1,4 @@
-"""Volunteers that abuse their panel cache (:mod:`goblin_dask.panel_cache`).
+"""Volunteers that abuse their panel cache (:mod:`goblin_dask.volunteer.panel_cache`).
 
 Run as ``python -m tests.cache_volunteers --attack KIND [--trigger PATH] ADDRESS --token ...``
 (``LabNode.add_volunteer(module="tests.cache_volunteers", extra_args=...)``), like
@@ -26,7 +26,7 @@ logger = logging.getLogger("tests.cache_volunteers")
 
 
 def bad_hint(kind: str) -> dict:
-    from goblin_dask.panel_cache import HINT_OP, MAX_HINT_KEYS
+    from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS
 
     block = ("source-" + "ab" * 16, 0, 0)
     if kind == "bad-hint-key":
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         return not trigger or os.path.exists(trigger)
 
     if kind == "tamper":
-        from goblin_dask.panel_cache import PanelCache
+        from goblin_dask.volunteer.panel_cache import PanelCache
 
         honest_get = PanelCache.get
 
@@ -68,9 +68,9 @@ def main(argv: list[str]) -> None:
 
         PanelCache.get = tampered_get
     else:
-        from goblin_dask import volunteer
+        from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
-        honest_class = volunteer._volunteer_worker_class
+        honest_class = worker.volunteer_worker_class
 
         def hostile_class():
             base = honest_class()
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
 
             return BadHintWorker
 
-        volunteer._volunteer_worker_class = hostile_class
+        worker.volunteer_worker_class = hostile_class
     from goblin_dask.volunteer import main as volunteer_main
 
     volunteer_main(rest)

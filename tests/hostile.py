@@ -161,9 +161,9 @@ def main(argv: list[str]) -> None:
 
         volunteer._volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
     else:
-        from goblin_dask import volunteer
+        from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
-        honest_class = volunteer._volunteer_worker_class
+        honest_class = worker.volunteer_worker_class
 
         def hostile_class():
             base = honest_class()
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> None:
 
             return HostileWorker
 
-        volunteer._volunteer_worker_class = hostile_class
+        worker.volunteer_worker_class = hostile_class
     from goblin_dask.volunteer import main as volunteer_main
 
     volunteer_main(rest)

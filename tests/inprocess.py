@@ -82,9 +82,9 @@ def volunteer_worker() -> type[Worker]:
     On the wire it behaves as the agent does: it never announces the inputs it fetched, its
     errors travel as text, it refuses non-catalog tasks and worker plugins.
     """
-    from goblin_dask.volunteer import _volunteer_worker_class
+    from goblin_dask.volunteer import volunteer_worker_class
 
-    class InProcessVolunteer(_volunteer_worker_class()):
+    class InProcessVolunteer(volunteer_worker_class()):
         async def listen(self, port_or_addr=None, allow_offload=True, **kwargs):
             return await Worker.listen(self, port_or_addr, allow_offload=allow_offload, **kwargs)
 

@@ -239,14 +239,14 @@ def test_the_package_shows_its_public_names_only():
     assert dir(goblin_dask) == sorted(goblin_dask.__all__) == ["Graph", "LabNode", "__version__", "capture", "connect"]
 
 
-def test_readme_lists_every_exit_code_of_goblin_dask_errors():
-    """README's troubleshooting table and goblin_dask.errors agree: every fatal cause, its code, its message."""
+def test_troubleshooting_lists_every_exit_code_of_goblin_dask_errors():
+    """The docs' troubleshooting table and goblin_dask.errors agree: every fatal cause, its code, its message."""
     from pathlib import Path
 
     import goblin_dask.errors as errors
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text()
+    table = page.split("# Troubleshooting", 1)[1].split("\n## ", 1)[0]
     listed = {int(line.split("|")[1]) for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()}
     codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
     assert listed == codes

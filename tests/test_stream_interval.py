@@ -15,7 +15,7 @@ from distributed import Scheduler
 
 from goblin_dask import link
 from goblin_dask.node.lab_worker import LabWorker
-from goblin_dask.volunteer import _volunteer_worker_class
+from goblin_dask.volunteer import volunteer_worker_class
 
 
 @pytest.mark.parametrize("interval", [0.001, 0.0])
@@ -24,7 +24,7 @@ def test_both_ends_of_each_workers_stream_batch_for_the_setting(interval):
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0", validate=False) as s:
             s.add_plugin(link.StreamInterval())
             async with LabWorker(s.address, nthreads=1) as lab, \
-                    _volunteer_worker_class()(s.address, nthreads=1) as vol:
+                    volunteer_worker_class()(s.address, nthreads=1) as vol:
                 for w in (lab, vol):
                     assert w.batched_stream.interval == interval  # worker -> scheduler
                     assert s.stream_comms[w.address].interval == interval  # scheduler -> worker

@@ -1,4 +1,4 @@
-"""Issue 19, volunteers keep what they already hold (:mod:`goblin_dask.panel_cache`), on real grids.
+"""Issue 19, volunteers keep what they already hold (:mod:`goblin_dask.volunteer.panel_cache`), on real grids.
 
 A volunteer keeps the lab data blocks it received in a bounded cache in its memory; later tasks
 (of the same computation or a later one) read them from there, and placement prefers it for them
@@ -20,7 +20,7 @@ import pytest
 
 import goblin_dask.array as ga
 from goblin_dask.node.local import LabNode
-from goblin_dask.panel_cache import HINT_OP, PanelCache, cacheable_key
+from goblin_dask.volunteer.panel_cache import HINT_OP, PanelCache, cacheable_key
 from goblin_dask.volunteer import CONTROL_FILE, TOKEN_FILE
 from goblin_dask.validation.checks import unverified_key
 from scheduler_plugins.volunteer_cache import VolunteerCachePlugin

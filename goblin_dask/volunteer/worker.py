@@ -1,0 +1,222 @@
+"""The volunteer's Dask worker: it computes catalog operations and refuses everything else.
+
+Kept apart from the agent around it (connection, pause, status page) because this class is what the
+lab node can reach: every handler it answers, every message it sends and every task it runs passes
+here, so what a hostile lab could ask of a volunteer is read in one file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+#: Worker RPC handlers a volunteer refuses, and why (listed in README.md).
+BLOCKED_HANDLERS = {
+    "run": "runs a pickled function (client.run)",
+    "run_coroutine": "runs a pickled coroutine",
+    "plugin-add": "installs a pickled worker plugin",
+    "plugin-remove": "removes worker plugins",
+    "upload_file": "writes a file onto sys.path and imports it",
+    "actor_execute": "calls a method of an actor object",
+    "actor_attribute": "reads an attribute of an actor object",
+    "update_data": "pushes arbitrary objects into the worker's memory",
+    "gather": "makes the worker fetch arbitrary keys from arbitrary peers",
+    "connection_stream": "opens a stream that accepts compute-task from any peer",
+    "dump_state": "leaks the worker's state",
+    "get_story": "leaks the worker's task history",
+    "keys": "leaks the worker's keys",
+    "get_logs": "leaks the machine's logs",
+    "call_stack": "leaks the running call stacks",
+    "profile": "leaks profiling data",
+    "profile_metadata": "leaks profiling data",
+    "get_monitor_info": "leaks the machine's monitor data",
+    "benchmark_disk": "burns the volunteer's disk",
+    "benchmark_memory": "burns the volunteer's memory",
+    "benchmark_network": "burns the volunteer's network",
+}
+
+#: Worker plugins every lab node's scheduler sends at registration (distributed installs them by default);
+#: a volunteer skips them like any plugin, but says so without a warning.
+EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
+
+
+def volunteer_worker_class():
+    """The ``VolunteerWorker`` class, made on call: distributed and numpy load when the agent starts, not on import."""
+    import numpy as np
+    from distributed import Worker
+    from distributed.core import Status
+    from distributed.worker_state_machine import ComputeTaskEvent, ExecuteFailureEvent, GatherDepSuccessEvent
+    from distributed.worker_state_machine import UpdateDataEvent
+
+    from goblin_dask import link
+    from goblin_dask.ops import task_violation
+    from goblin_dask.volunteer.panel_cache import PanelCache, cache_limit, cacheable_key
+
+    class VolunteerWorker(Worker):
+        """A distributed Worker that refuses everything but catalog operations.
+
+        It also speaks to the lab only as the lab accepts (README, "What the lab accepts
+        from a volunteer"): it never announces the inputs it fetched (``add-keys``: a
+        volunteer is no source of lab data; it frees them itself once its tasks used
+        them), and its errors travel as text, never as pickled exceptions.
+
+        Input blocks of the lab's data it received stay in a bounded cache in its memory
+        (:mod:`goblin_dask.volunteer.panel_cache`): a later task that reads one is served from there, not
+        fetched again, and the lab node is told which keys it holds (placement prefers it).
+        """
+
+        def __init__(self, *args, **kwargs):
+            self.goblin_paused = False  # the volunteer paused it (goblin volunteer pause): no new tasks
+            super().__init__(*args, **kwargs)
+            self.goblin_fetched: set = set()
+            link.tune_worker_stream(self)
+            self.goblin_done = 0  # tasks it finished
+            self.goblin_cache = PanelCache(cache_limit(self.memory_manager.memory_limit))
+
+        @property
+        def status(self):
+            return Worker.status.fget(self)
+
+        @status.setter
+        def status(self, value):
+            # distributed's memory monitor unpauses a worker it paused; the volunteer's own pause holds
+            if value == Status.running and getattr(self, "goblin_paused", False):
+                return
+            Worker.status.fset(self, value)
+
+        def goblin_pause(self) -> int:
+            """Take no new tasks: the scheduler gives a paused worker none, and the tasks given but not
+            started go back to the lab (tasks running now finish).  Returns how many went back."""
+            self.goblin_paused = True
+            monitor = self.periodic_callbacks.get("memory_monitor")
+            if monitor is not None:  # it would unpause (and say so every 100 ms): no new tasks, no need
+                monitor.stop()
+            if Worker.status.fget(self) == Status.running:
+                Worker.status.fset(self, Status.paused)  # tells the scheduler (worker-status-change)
+            stimulus = f"goblin-paused-{time.time()}"
+            waiting = [ts.key for ts in self.state.tasks.values()
+                       if ts.state in ("waiting", "ready", "constrained") and ts.run_spec is not None]
+            for key in waiting:  # the scheduler releases them here (free-keys) and places them elsewhere
+                super().batched_send({"op": "reschedule", "key": key, "stimulus_id": stimulus})
+            return len(waiting)
+
+        def goblin_resume(self) -> None:
+            self.goblin_paused = False
+            if Worker.status.fget(self) == Status.paused:
+                Worker.status.fset(self, Status.running)
+            monitor = self.periodic_callbacks.get("memory_monitor")
+            if monitor is not None and not monitor.is_running() and self.status == Status.running:
+                monitor.start()
+
+        def goblin_computing(self) -> list[str]:
+            """The catalog operations it computes now."""
+            return sorted(getattr(getattr(ts.run_spec, "func", None), "name", "?") for ts in list(self.state.executing))
+
+        async def listen(self, port_or_addr=None, allow_offload=True, **kwargs):
+            # the nat listener opens no socket: it dials the lab node with the worker's own credential
+            await super().listen(port_or_addr, allow_offload=allow_offload, goblin_lab=self.scheduler.address,
+                                 goblin_dial=self.connection_args, **kwargs)
+
+        def start_http_server(self, *args, **kwargs):
+            """No HTTP port on a volunteer (its /metrics, /health and /sitemap.json stay private)."""
+
+        def batched_send(self, msg):
+            op = msg.get("op")
+            if op == "add-keys":
+                self.goblin_fetched.update(msg.get("keys") or ())
+                return
+            if op == "release-worker-data" and msg.get("key") in self.goblin_fetched:
+                self.goblin_fetched.discard(msg["key"])  # the scheduler never knew this volunteer held it
+                return
+            if op == "task-erred":
+                msg = {**msg, "exception": None, "traceback": None}
+            super().batched_send(msg)
+            if op == "task-finished":
+                self.goblin_done += 1
+            if op in ("task-finished", "task-erred", "reschedule") and self.goblin_fetched:
+                self.loop.add_callback(self.free_used_inputs)
+
+        def handle_stimulus(self, *stims):
+            if self.goblin_cache.limit > 0 and any(isinstance(ev, ComputeTaskEvent) for ev in stims):
+                stims = self._goblin_from_cache(stims)
+            super().handle_stimulus(*stims)
+
+        def _goblin_from_cache(self, stims) -> list:
+            """Before each task's arrival, its inputs this volunteer keeps go into memory (no transfer).
+
+            They enter as data the scheduler does not know of (as a scatter would: no message), and
+            are freed once used like fetched inputs (they stay in the cache)."""
+            out = []
+            for ev in stims:
+                if isinstance(ev, ComputeTaskEvent):
+                    data = {}
+                    for dep, nbytes in ev.nbytes.items():
+                        ts = self.state.tasks.get(dep)
+                        if (ts is None or ts.state == "released") and cacheable_key(dep):
+                            value = self.goblin_cache.get(dep, nbytes)
+                            if value is not None:
+                                data[dep] = value
+                    if data:
+                        self.goblin_fetched.update(data)
+                        out.append(UpdateDataEvent(data=data, stimulus_id=f"goblin-cache-{ev.stimulus_id}"))
+                out.append(ev)
+            return out
+
+        async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
+            ev = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+            if isinstance(ev, GatherDepSuccessEvent):
+                cache = self.goblin_cache
+                for key, value in ev.data.items():
+                    cache.fetched_bytes += int(getattr(value, "nbytes", 0) or 0)
+                    if type(value) is np.ndarray and cacheable_key(key):
+                        ts = self.state.tasks.get(key)
+                        cache.put(key, value, ts.nbytes if ts is not None else None)
+                hint = cache.take_hint()
+                if hint is not None:  # which keys it holds: placement prefers it for tasks reading them
+                    super().batched_send(hint)
+            return ev
+
+        async def close(self, *args, **kwargs):
+            self.goblin_cache.clear()  # memory only: nothing outlives the worker
+            return await super().close(*args, **kwargs)
+
+        def free_used_inputs(self):
+            """Free fetched inputs that no task of this volunteer still needs."""
+            from distributed.worker_state_machine import FreeKeysEvent
+
+            busy = ("waiting", "ready", "constrained", "executing", "long-running", "resumed", "cancelled")
+            done = []
+            for key in list(self.goblin_fetched):
+                ts = self.state.tasks.get(key)
+                if ts is None:
+                    self.goblin_fetched.discard(key)
+                elif ts.state == "memory" and not any(d.state in busy for d in ts.dependents):
+                    done.append(key)
+            if done:  # their release-worker-data messages are dropped above
+                self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
+
+        async def plugin_add(self, plugin=None, name=None, catch_errors=True):
+            if name in EXPECTED_WORKER_PLUGINS:  # every lab node sends it: nothing to alarm the volunteer
+                logger.info("skipped worker plugin %r (%s): volunteers install no plugins", name,
+                            EXPECTED_WORKER_PLUGINS[name])
+            else:
+                logger.warning("refused worker plugin %r: volunteers install no plugins", name)
+            return {"status": "error", "exception": None, "traceback": None,
+                    "exception_text": "volunteers refuse worker plugins", "traceback_text": ""}
+
+        async def execute(self, key, *, stimulus_id):
+            ts = self.state.tasks.get(key)
+            why = task_violation(ts.run_spec, where=f"task {key!r}") if ts is not None else None
+            if why is not None:
+                logger.warning("refused %s", why)
+                return ExecuteFailureEvent.from_exception(
+                    PermissionError(f"volunteer refused {why}"),
+                    key=key,
+                    run_id=ts.run_id,
+                    stimulus_id=f"goblin-refused-{time.time()}",
+                )
+            return await super().execute(key, stimulus_id=stimulus_id)
+
+    return VolunteerWorker
