@@ -110,9 +110,9 @@ def main(argv: list[str]) -> None:
     elif kind in TASK_ATTACKS:
         from distributed.worker_state_machine import ComputeTaskEvent
 
-        from goblin_dask import volunteer
+        from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
-        honest_class = volunteer._volunteer_worker_class
+        honest_class = worker.volunteer_worker_class
 
         def bouncing_class():
             class BouncingWorker(honest_class()):
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> None:
 
             return HoldingWorker
 
-        volunteer._volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
+        worker.volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
     else:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
