@@ -66,28 +66,40 @@ def adam(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
     return p + (-step_size) * (ea / denom)
 
 
+def step(p: Any, g: Any, state: dict, h: dict) -> Any:
+    """One update of ``h["kind"]``'s optimizer (NumPy arrays at the lab, ga arrays inside a local-steps program)."""
+    return sgd(p, g, state, h) if h["kind"] == "sgd" else adam(p, g, state, h)
+
+
+def _weighted_sum(versions: Sequence[Any], weights: Sequence[float], dtype: np.dtype) -> np.ndarray:
+    """``sum_k weights[k] * versions[k]`` in ``dtype``, in order (torch's accumulation of ``(w_k * loss_k).backward()``)."""
+    total = None
+    for v, w in zip(versions, weights):
+        term = _assemble(v) * dtype.type(w)
+        total = term if total is None else total + term
+    return total
+
+
+def _apply(hyper: Sequence[dict], params: Sequence[np.ndarray], state: Sequence[dict], weights: Sequence[float],
+           grads: Sequence[Sequence[Any]]) -> tuple[list, list]:
+    """The parameters and optimizer state after one step with the gradient ``sum_i weights[i] * grads[i][j]``."""
+    new_params, new_state = [], []
+    for j, (p, h) in enumerate(zip(params, hyper)):
+        s = dict(state[j])
+        p = step(p, _weighted_sum([g[j] for g in grads], weights, p.dtype), s, h)
+        new_params.append(np.asarray(p, dtype=p.dtype))
+        new_state.append(s)
+    return new_params, new_state
+
+
 def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
               losses: Sequence[Any], grads: Sequence[Sequence[Any]], buffers: Sequence[Any]) -> dict:
     """One optimizer step from the micro-batches' results (the task at the end of a round's graph).
 
     ``grads[i][j]``: micro-batch i's gradient of parameter j (blocks as the graph's keys nest them);
-    the gradient is ``sum_i weights[i] * grads[i][j]`` in the parameter's dtype, in micro-batch order
-    (torch's accumulation of ``(w_i * loss_i).backward()``).
+    the gradient is ``sum_i weights[i] * grads[i][j]`` in the parameter's dtype, in micro-batch order.
     """
-    new_params, new_state = [], []
-    for j, (blocks, h) in enumerate(zip(params, hyper)):
-        p = _assemble(blocks)
-        g = None
-        for i, w in enumerate(weights):
-            gi = _assemble(grads[i][j]) * p.dtype.type(w)
-            g = gi if g is None else g + gi
-        s = dict(state[j])
-        if h["kind"] == "sgd":
-            p = sgd(p, g, s, h)
-        else:
-            p = adam(p, g, s, h)
-        new_params.append(np.asarray(p, dtype=p.dtype))
-        new_state.append(s)
+    new_params, new_state = _apply(hyper, [_assemble(p) for p in params], state, weights, grads)
     loss = float(sum(w * float(_assemble(l)) for w, l in zip(weights, losses)))
     return {"params": new_params, "state": new_state, "loss": loss,
             "buffers": [_assemble(b) for b in buffers]}
@@ -151,23 +163,18 @@ def lab_outer_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: 
         loss += sum(wt * float(l) for wt, l in zip(weights, out[:n]))
         deltas.append(out[n:n + p_count])
         after.append(out[n + p_count:])
+    new_params, new_state = _apply(hyper, params, state, shares, deltas)
     averaged = [_weighted_mean(versions, shares) for versions in zip(*after)] if after else start
-    out = lab_round(hyper, params, state, shares, [0.0] * len(packed), deltas, averaged)
-    out["loss"] = float(loss)
-    out["buffers"] = _in_forms(out["buffers"], buffer_forms)
-    return out
+    return {"params": new_params, "state": new_state, "loss": float(loss), "buffers": _in_forms(averaged, buffer_forms)}
 
 
 def _weighted_mean(versions: Sequence[np.ndarray], shares: Sequence[float]) -> np.ndarray:
-    """``sum_k shares[k] * versions[k]`` in the arrays' own dtype (integers: rounded back, e.g. a count of batches)."""
-    first = np.asarray(versions[0])
-    if first.dtype.kind in "fc":
-        total = None
-        for v, s in zip(versions, shares):
-            term = np.asarray(v) * first.dtype.type(s)
-            total = term if total is None else total + term
-        return total
-    return np.rint(sum(np.asarray(v, dtype=np.float64) * s for v, s in zip(versions, shares))).astype(first.dtype)
+    """:func:`_weighted_sum` of the workers' buffers in their own dtype (integers, e.g. a count of batches: in
+    float64, rounded back)."""
+    dtype = np.asarray(versions[0]).dtype
+    if dtype.kind in "fc":
+        return _weighted_sum(versions, shares, dtype)
+    return np.rint(_weighted_sum(versions, shares, np.dtype(np.float64))).astype(dtype)
 
 
 def field(result: dict, name: str) -> Any:

@@ -192,8 +192,8 @@ class Trainer:
 
             outer_optimizer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
         #: the optimizer of the outer step with local steps (None: synchronous training)
-        self.outer_optimizer = outer_optimizer if inner_steps > 1 else None
-        self._outer_group_of = _groups_of(outer_optimizer, by_id, "outer_optimizer") if inner_steps > 1 else {}
+        self.outer_optimizer = outer_optimizer
+        self._outer_group_of = _groups_of(outer_optimizer, by_id, "outer_optimizer") if outer_optimizer else {}
         # parameters the optimizer does not hold are still differentiated, never stepped: keep them out
         self.param_names = [n for n in named if n in self._group_of]
         frozen = [n for n in named if n not in self._group_of]
@@ -471,7 +471,7 @@ class Trainer:
 
     def _local_program(self, x: np.ndarray, y: np.ndarray, shard: list, params: list, bufs: list) -> Any:
         """A worker's stage program of local steps: for each slice of its ``shard`` in turn, forward and backward
-        then one step of the inner optimizer (:func:`optim.sgd` / :func:`optim.adam` on ga arrays, from fresh
+        then one step of the inner optimizer (:func:`optim.step` on ga arrays, from fresh
         state, this round's hyperparameters); out come each step's loss, the pseudo-gradient (start minus end)
         and the buffers after the last step.  Traced once per shapes and hyperparameters."""
         import goblin_dask.array as ga
@@ -484,8 +484,7 @@ class Trainer:
             for run in passes:
                 out = run(ps, bs)
                 losses.append(out[0])
-                ps = [(optim.sgd if h["kind"] == "sgd" else optim.adam)(p, g, st, h)
-                      for p, g, st, h in zip(ps, out[1:1 + len(ps)], state, hyper)]
+                ps = [optim.step(p, g, st, h) for p, g, st, h in zip(ps, out[1:1 + len(ps)], state, hyper)]
                 bs = list(out[1 + len(ps):])
             return [*losses, *(ga.subtract(a, b) for a, b in zip(start, ps)), *bs]
 
