@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from goblin_dask.ops import task_violation  # noqa: E402
-from goblin_dask.ops.program import FORMAT, PROGRAM, outputs_of, program_violation, run, same_program_result  # noqa: E402
+from goblin_dask.ops.program import (FORMAT, PROGRAM, outputs_of, program_violation, run, same_program_result,  # noqa: E402
+                                    unpack)
 from goblin_dask.ops.spec import CatalogTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -65,7 +66,7 @@ def test_a_forward_program_gives_torchs_numbers():
     assert prog is not None and prog.steps > 50
     assert program_violation(prog.spec) is None
     names = graph._stage_names()
-    out = run(ids, *(graph._constant_value(k) for k in names[1:]), program=prog.spec)
+    out, = unpack(run(ids, *(graph._constant_value(k) for k in names[1:]), program=prog.spec), prog.spec)
     want = model(torch.as_tensor(ids)).detach().numpy()
     np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
 
@@ -75,16 +76,13 @@ def test_a_forward_and_backward_program_gives_torchs_gradients():
     x, y = _batch()
     prog, inputs = _joint_program(model, x, y)
     assert prog is not None
-    out = run(*inputs, program=prog.spec)
+    parts = unpack(run(*inputs, program=prog.spec), prog.spec)
     model.zero_grad()
     loss = lm_loss(model(torch.as_tensor(x)), torch.as_tensor(y))
     loss.backward()
-    shapes = outputs_of(prog.spec)
-    sizes = [math.prod(s) for s, _ in shapes]
-    parts = np.split(out, np.cumsum(sizes)[:-1])
     assert parts[0].item() == pytest.approx(float(loss), rel=1e-5)
-    for part, (shape, _), p in zip(parts[1:], shapes[1:], model.parameters()):
-        np.testing.assert_allclose(part.reshape(shape), p.grad.numpy(), rtol=1e-3, atol=1e-5)
+    for part, p in zip(parts[1:], model.parameters()):
+        np.testing.assert_allclose(part, p.grad.numpy(), rtol=1e-3, atol=1e-5)
 
 
 def _small_program():
@@ -95,7 +93,9 @@ def _small_program():
 
 def test_a_small_program_runs_and_packs_its_outputs():
     a, b = np.arange(4.0).reshape(2, 2), np.eye(2)
-    np.testing.assert_array_equal(run(a, b, program=_small_program()), (a @ b + 1.0).reshape(-1))
+    out = run(a, b, program=_small_program())
+    np.testing.assert_array_equal(out[:4], (a @ b + 1.0).reshape(-1))
+    assert out[4] == 3.0  # the rounding floor: the largest term of the sum (a @ b's 3, not the literal 1)
     task = CatalogTask(("program-" + "0" * 32, 0), PROGRAM, a, b, program=_small_program())
     assert task_violation(task) is None
 
@@ -146,6 +146,77 @@ def test_the_replica_comparison_takes_other_blas_kernels_and_refuses_a_scaled_gr
     nan = one.copy()
     nan[0] = np.nan
     assert not same_program_result(nan, one, (), params)
+
+
+_CNN_STAGE = """
+import sys, numpy as np, threadpoolctl, torch, torch.nn.functional as F
+from torch import nn
+from goblin_dask.ops.program import run
+from goblin_dask.training.joint import trace
+torch.manual_seed(6)
+model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)).train()
+rng = np.random.default_rng(7)
+x, y = rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 4)
+g = trace(model, F.cross_entropy, x, y, [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
+state = [p.detach().numpy() for p in model.parameters()] + [b.numpy() for b in model.buffers()]
+prog = g.stage_program([a.shape for a in state] + [x.shape, y.shape])
+inputs = state + [x, y] + [g._constant_value(k) for k in g._stage_names()[len(g.inputs):]]
+with threadpoolctl.threadpool_limits(int(sys.argv[2])):
+    np.save(sys.argv[1], run(*inputs, program=prog.spec))
+import pickle; pickle.dump(prog.spec, open(sys.argv[1] + ".spec", "wb"))
+"""
+
+
+def _cnn_stage_result(tmp_path, name, threads, env=()):
+    """The CNN's forward-and-backward program run in a process of its own (OpenBLAS picks its kernel at start)."""
+    import os
+    import pickle
+    import subprocess
+
+    out = tmp_path / f"{name}.npy"
+    subprocess.run([sys.executable, "-c", _CNN_STAGE, str(out), str(threads)], check=True,
+                   env={**os.environ, **dict(env)})
+    return np.load(out), pickle.load(open(str(out) + ".spec", "rb"))
+
+
+def test_a_cancelled_gradient_beside_an_integer_counter_is_compared_at_its_own_rounding(tmp_path):
+    """A CNN whose conv bias feeds BatchNorm: the bias's gradient is zero in exact arithmetic, so two honest
+    kernels give noise (~1e-8) that differs wholly; and the BatchNorm counter (int64) packs every float32 output
+    as float64.  Each output is compared in its own dtype's epsilons of its rounding scale, the largest term
+    summed into it (the floor), so the other kernel passes, whole and fingerprinted; a cheat still fails."""
+    from goblin_dask.ops.program import rounding_floors, same_sketch, sketch
+
+    one, spec = _cnn_stage_result(tmp_path, "one", 1)
+    two, _ = _cnn_stage_result(tmp_path, "two", 2, {"OPENBLAS_CORETYPE": "SandyBridge"})
+    assert one.dtype == np.float64 and [str(dt) for _, dt in outputs_of(spec)].count("float32") == 9
+    params = {"program": spec}
+    assert same_program_result(one, two, (), params) and same_program_result(two, one, (), params)
+    assert same_sketch(sketch(two, spec, 11), sketch(one, spec, 11), spec)
+
+    edges = np.cumsum([0] + [math.prod(s) for s, _ in outputs_of(spec)])
+    bias = slice(edges[2], edges[3])  # the conv bias's gradient
+    floors = rounding_floors(one, spec)
+    assert floors[2] > 1e3 * np.abs(one[bias]).max()  # pure cancellation: its terms dwarf it
+    eps32 = float(np.finfo(np.float32).eps)
+    honest = one.copy()
+    honest[edges[1]:edges[2]] *= 1 + 30 * eps32  # float32 rounding of a weight's gradient, in float64 dtype
+    honest[bias] += 40 * eps32 * floors[2]  # rounding of the bias's 144 terms
+    assert same_program_result(honest, one, (), params)
+    assert same_sketch(sketch(honest, spec, 12), sketch(one, spec, 12), spec)
+
+    scaled = one.copy()
+    scaled[edges[5]:edges[6]] *= 1.001  # the linear layer's gradient, a little off
+    wrong_bias = one.copy()
+    wrong_bias[bias] += 0.05 * floors[2]
+    for cheat in (scaled, wrong_bias):
+        assert not same_program_result(cheat, one, (), params)
+        assert not same_sketch(sketch(cheat, spec, 13), sketch(one, spec, 13), spec)
+    # a cheater that also reports huge floors widens nothing: the comparison takes the smaller party's floor
+    inflated = wrong_bias.copy()
+    inflated[edges[-1]:] = 1e6
+    assert not same_program_result(inflated, one, (), params)
+    assert not same_sketch(sketch(inflated, spec, 14), sketch(one, spec, 14), spec)
+    assert not same_sketch(sketch(one, spec, 14), sketch(inflated, spec, 14), spec)
 
 
 # -- on a grid ----------------------------------------------------------------------------------

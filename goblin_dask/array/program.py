@@ -23,7 +23,7 @@ from dask._task_spec import Alias, DataNode, GraphNode, List, Task, TaskRef, Tup
 
 from goblin_dask.array.core import Array, from_graph
 from goblin_dask.array.keys import block_key, new_name
-from goblin_dask.ops.program import FORMAT, PROGRAM, REF
+from goblin_dask.ops.program import FORMAT, PROGRAM, REF, packed_size
 from goblin_dask.ops.spec import Aval, CatalogTask
 
 
@@ -279,8 +279,7 @@ def call_packed(program: Program, *inputs: Any) -> tuple[Array, list[Array]]:
         arrays.append(x)
     spec = program.spec
     key, layer = task(program, [TaskRef(single_key(a)) for a in arrays], *(a.name for a in arrays))
-    total = sum(math.prod(shape) for _, shape, _ in spec[3])
-    return from_graph(key[0], layer, ((total,),), np.dtype(spec[4]), dependencies=arrays), arrays
+    return from_graph(key[0], layer, ((packed_size(spec),),), np.dtype(spec[4]), dependencies=arrays), arrays
 
 
 def layout(spec: tuple) -> list[tuple[int, int, tuple[int, ...], str]]:

@@ -14,8 +14,9 @@ by name from the volunteer's own catalog and checked like a task of its own
 running).  Ops the lab keeps for itself when they travel alone (layout, selections) run inside
 a program: the program is verified as a whole.
 
-The result is one flat array: the outputs raveled and concatenated in ``result_dtype`` (the
-lab's form check reads its length and dtype from the program, before any comparison).  Its
+The result is one flat array: the outputs raveled and concatenated in ``result_dtype``, then one
+*rounding scale* per output (:func:`rounding_floors`; the lab's form check reads the length and dtype
+from the program, before any comparison).  Its
 verification is a replica on another volunteer, with the lab recomputing the program where they
 disagree.  The replica runs as ``program_sketch``: the same program, returning only a fingerprint
 of its outputs (:func:`sketch`, about 1/64 of their bytes), drawn from a seed the lab picks after
@@ -48,6 +49,18 @@ MAX_STEPS = 50_000
 PROGRAM_TOLERANCE_EPS = 4096.0
 
 
+#: Ops whose result holds the elements of their one array operand, moved, retyped or negated: an output read
+#: through them has its operand's rounding scale.
+_PASS_THROUGH = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "broadcast_to", "astype", "getitem",
+                           "take", "negative", "positive", "concatenate", "stack", "pad"})
+#: Ops that add their operands' elements (in their operands' units): an honest result may be pure cancellation
+#: (a bias's gradient before a normalization is zero in exact arithmetic), so its rounding is measured on the
+#: largest term, not on itself.
+_SUMS = frozenset({"sum", "mean", "add", "subtract", "cumsum"})
+#: Ops that add products of their operands' elements: the largest term is at most the product of their largest.
+_PRODUCTS = frozenset({"matmul", "einsum", "tensordot", "conv2d"})
+
+
 def is_ref(value: Any) -> bool:
     return type(value) is tuple and len(value) == 2 and value[0] == REF and type(value[1]) is int
 
@@ -61,6 +74,72 @@ def _parts(program: Any) -> tuple:
 def outputs_of(program: tuple) -> list[tuple[tuple[int, ...], np.dtype]]:
     """The (shape, dtype) of each output, in the order they are packed."""
     return [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in _parts(program)[3]]
+
+
+def _floor_steps(program: tuple) -> list[set[int]]:
+    """For each output, the steps whose terms bound its rounding (see :func:`rounding_floors`): walked back from
+    the output through :data:`_PASS_THROUGH` ops to the :data:`_SUMS` and :data:`_PRODUCTS` steps that made it."""
+    _, n_inputs, steps, outputs, _, _ = _parts(program)
+    found: list[set[int]] = []
+    for value, _, _ in outputs:
+        here, todo, seen = set(), [value], set()
+        while todo:
+            v = todo.pop()
+            if v < n_inputs or v in seen:
+                continue
+            seen.add(v)
+            name, _, args, _ = steps[v - n_inputs]
+            if name in _SUMS or name in _PRODUCTS:
+                here.add(v - n_inputs)
+            elif name in _PASS_THROUGH:
+                todo.extend(_refs_in(args))
+        found.append(here)
+    return found
+
+
+def _largest_term(name: str, operands: list) -> float:
+    """The largest magnitude one term of a :data:`_SUMS` / :data:`_PRODUCTS` step can have."""
+    peaks = []
+    for x in operands:
+        x = np.asarray(x)
+        if x.dtype.kind not in "fiu" or x.size == 0:
+            continue
+        peaks.append(max(float(x.max()), -float(x.min())))  # no temporaries; NaN or inf: a floor counted as 0
+    if not peaks:
+        return 0.0
+    return math.prod(peaks) if name in _PRODUCTS else max(peaks)
+
+
+def _epsilon(output: np.dtype, packed: np.dtype) -> float:
+    """The rounding unit of one output: its own dtype's (a float32 gradient packed beside an int64 counter travels
+    as float64, but was computed in float32); the packed dtype's for integer outputs."""
+    return float(np.finfo(output if np.dtype(output).kind in "fc" else packed).eps)
+
+
+def rounding_floors(result: Any, program: tuple) -> np.ndarray:
+    """The rounding scale each output of a packed ``result`` reports: the largest term summed into it (its
+    :data:`_SUMS` / :data:`_PRODUCTS` steps' operands), 0 where none was.  Replica comparisons measure rounding on
+    the larger of this and the output's own magnitude, and take the smaller of the two parties' floors, so one
+    party alone cannot widen its own tolerance; a floor that is not a finite non-negative number counts as 0."""
+    r = np.asarray(result)
+    n = len(_parts(program)[3])
+    floors = r[r.size - n:].astype(np.float64) if r.size >= n else np.zeros(n)
+    return np.where(np.isfinite(floors) & (floors > 0), floors, 0.0)
+
+
+def unpack(result: Any, program: tuple) -> list[np.ndarray]:
+    """A packed result's outputs, each in its shape and dtype (the rounding floors left out)."""
+    r, out, at = np.asarray(result), [], 0
+    for shape, dtype in outputs_of(program):
+        n = math.prod(shape)
+        out.append(r[at:at + n].reshape(shape).astype(dtype, copy=False))
+        at += n
+    return out
+
+
+def packed_size(program: tuple) -> int:
+    """The length of a program's packed result: every output's elements, then one rounding floor per output."""
+    return sum(math.prod(shape) for shape, _ in outputs_of(program)) + len(_parts(program)[3])
 
 
 def _resolve(value: Any, env: list) -> Any:
@@ -96,22 +175,31 @@ def run(*inputs: Any, program: tuple) -> np.ndarray:
         for r in _refs_in((args, kwargs)):
             last[r] = n_inputs + i
     keep = {o[0] for o in outputs}
+    floor_steps = _floor_steps(program)
+    measured = set().union(*floor_steps) if floor_steps else set()
+    terms: dict[int, float] = {}
     env: list = list(inputs)
     for i, (name, version, args, kwargs) in enumerate(steps):
         op = op_by_name(name, version)
         here = n_inputs + i
+        operands = _resolve(args, env)
         try:
-            value = op(*_resolve(args, env), **{k: _resolve(v, env) for k, v in kwargs})
+            value = op(*operands, **{k: _resolve(v, env) for k, v in kwargs})
         except Exception as e:
             e.add_note(f"in step {i} ({name}) of a program")
             raise
+        if i in measured:
+            terms[i] = _largest_term(name, list(operands))
         env.append(value)
         for r in set(_refs_in((args, kwargs))):
             if last.get(r) == here and r not in keep:
                 env[r] = None
     dtype = np.dtype(result_dtype)
     parts = [np.asarray(env[i]).astype(dtype, copy=False).reshape(-1) for i, _, _ in outputs]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+    floors = [max((terms[j] for j in found), default=0.0) for found in floor_steps]
+    with np.errstate(over="ignore", invalid="ignore"):
+        parts.append(np.asarray(floors, dtype=np.float64).astype(dtype))
+    return np.concatenate(parts)
 
 
 def program_token(program: Any) -> str | None:
@@ -231,7 +319,7 @@ def _shape(*inputs: Aval, program: tuple) -> tuple[int, ...]:
         raise ValueError(why)
     if len(inputs) != program[1]:
         raise ValueError(f"program: takes {program[1]} inputs, got {len(inputs)}")
-    return (sum(math.prod(shape) for shape, _ in outputs_of(program)),)
+    return (packed_size(program),)
 
 
 def _dtype(*inputs: Aval, program: tuple) -> np.dtype:
@@ -239,15 +327,16 @@ def _dtype(*inputs: Aval, program: tuple) -> np.dtype:
 
 
 def _cost(*inputs: Aval, program: tuple) -> Cost:
-    out = sum(math.prod(shape) for shape, _ in outputs_of(program)) * np.dtype(_parts(program)[4]).itemsize
+    out = packed_size(program) * np.dtype(_parts(program)[4]).itemsize
     return Cost(float(program[5]), float(sum(a.nbytes for a in inputs) + out))
 
 
 def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict | None = None) -> bool:
     """Do two results of one program agree?  Output by output: NaN and inf in the same places, and the
-    rest within ``PROGRAM_TOLERANCE_EPS`` epsilons of that output's largest magnitude, elementwise,
-    and of its norm, as a whole (a whole output moved by a little, as a scaled gradient, fails the
-    second)."""
+    rest within ``PROGRAM_TOLERANCE_EPS`` epsilons of that output's rounding scale, elementwise, and of its
+    norm (or the scale's, over its elements), as a whole (a whole output moved by a little, as a scaled
+    gradient, fails the second).  The rounding scale is the larger of the output's largest magnitude and the
+    smaller of the two results' :func:`rounding_floors`."""
     from goblin_dask.validation.checks import same_nonfinite
 
     got, want = np.asarray(got), np.asarray(want)
@@ -256,23 +345,24 @@ def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict 
     if got.dtype.kind not in "fc":
         return bool(np.array_equal(got, want))
     program = (params or {}).get("program")
-    bounds = [(0, want.size)]
+    bounds, floors, dtypes = [(0, want.size)], np.zeros(1), [want.dtype]
     if program is not None:
-        sizes = [math.prod(s) for s, _ in outputs_of(program)]
-        edges = np.cumsum([0, *sizes])
-        bounds = list(zip(edges[:-1], edges[1:]))
-    tol = PROGRAM_TOLERANCE_EPS * float(np.finfo(want.dtype).eps)
-    for lo, hi in bounds:
+        forms = outputs_of(program)
+        edges = np.cumsum([0, *(math.prod(s) for s, _ in forms)])
+        bounds, dtypes = list(zip(edges[:-1], edges[1:])), [dt for _, dt in forms]
+        floors = np.minimum(rounding_floors(got, program), rounding_floors(want, program))
+    for (lo, hi), floor, dtype in zip(bounds, floors, dtypes):
         g, w = got[lo:hi], want[lo:hi]
+        tol = PROGRAM_TOLERANCE_EPS * _epsilon(dtype, want.dtype)
         if not same_nonfinite(g, w):
             return False
         fin = np.isfinite(w)
         g64, w64 = g[fin].astype(np.float64), w[fin].astype(np.float64)
         diff = np.abs(g64 - w64)
-        scale = float(np.abs(w64).max(initial=0.0))
+        scale = max(float(np.abs(w64).max(initial=0.0)), float(floor))
         if float(diff.max(initial=0.0)) > tol * scale:
             return False
-        norm = float(np.linalg.norm(w64))
+        norm = max(float(np.linalg.norm(w64)), float(floor) * math.sqrt(w64.size))
         if float(np.linalg.norm(diff)) > tol * norm / 8:
             return False
     return True
@@ -281,11 +371,12 @@ def same_program_result(got: Any, want: Any, operands: tuple = (), params: dict 
 #: A fingerprint projects each block of ``SKETCH_BLOCK`` output elements on ``SKETCH_ROWS`` random sign vectors.
 SKETCH_BLOCK = 256
 SKETCH_ROWS = 2
-#: Per output: its largest finite magnitude, its norm, and (count, weighted position sum) of its NaN, +inf, -inf.
-_HEADER = 8
+#: Per output: its largest finite magnitude, its norm, (count, weighted position sum) of its NaN, +inf, -inf,
+#: and its rounding floor (:func:`rounding_floors`).
+_HEADER = 9
 
 
-def _segment_sketch(values: np.ndarray, seed: int, index: int) -> np.ndarray:
+def _segment_sketch(values: np.ndarray, seed: int, index: int, floor: float) -> np.ndarray:
     from goblin_dask.ops._sketch_kernel import block_projections
 
     v = values.reshape(-1)
@@ -299,6 +390,7 @@ def _segment_sketch(values: np.ndarray, seed: int, index: int) -> np.ndarray:
             head[3 + 2 * j] = float(weights[mask].sum())
         got = block_projections(np.where(np.isfinite(v), v, 0), mixed, SKETCH_ROWS, SKETCH_BLOCK)
     projections, head[0], head[1] = got
+    head[8] = floor
     return np.concatenate([head, projections.reshape(-1)])
 
 
@@ -307,8 +399,9 @@ def sketch(result: Any, program: tuple, seed: int) -> np.ndarray:
     r = np.asarray(result)
     sizes = [math.prod(s) for s, _ in outputs_of(program)]
     edges = np.cumsum([0, *sizes])
-    return np.concatenate([_segment_sketch(r[lo:hi], int(seed), i) for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
-                          or [np.zeros(0)])
+    floors = rounding_floors(r, program)
+    return np.concatenate([_segment_sketch(r[lo:hi], int(seed), i, float(floors[i]))
+                           for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))] or [np.zeros(0)])
 
 
 def sketch_size(program: tuple) -> int:
@@ -324,23 +417,27 @@ def same_sketch(got: Any, want: Any, program: tuple) -> bool:
     """Do two fingerprints (same seed) show the same outputs, within :func:`same_program_result`'s rounding?
 
     Per output: NaN, +inf and -inf at the same places (counts and randomly weighted position sums); each
-    block's projections within ``2 x PROGRAM_TOLERANCE_EPS`` epsilons of the output's largest magnitude (one
+    block's projections within ``2 x PROGRAM_TOLERANCE_EPS`` epsilons of the output's rounding scale (one
     element off by ~1e-3 of that, in float32, is caught: a sign vector carries it whole); and the projections'
     root mean square within ``PROGRAM_TOLERANCE_EPS / 8`` of its norm (an output scaled by 1.001 is caught).
+    The rounding scale and the norm are the smaller of the two fingerprints', raised to the smaller of their
+    rounding floors, as in :func:`same_program_result`.
     Honest rounding is ~10 epsilons elementwise (see ``tests/test_stage_tasks.py``).  A cheater who sent the
     first result knew no seed: its error is independent of the sign vectors."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape or got.shape != (sketch_size(program),):
         return False
-    eps = float(np.finfo(np.dtype(_parts(program)[4])).eps)
+    packed = np.dtype(_parts(program)[4])
     at = 0
-    for shape, _ in outputs_of(program):
+    for shape, dtype in outputs_of(program):
+        eps = _epsilon(dtype, packed)
         n = _HEADER + SKETCH_ROWS * -(-math.prod(shape) // SKETCH_BLOCK)
         g, w = got[at:at + n], want[at:at + n]
         at += n
-        if not np.all(np.isfinite(g)) or not np.array_equal(g[2:_HEADER], w[2:_HEADER]):
+        if not np.all(np.isfinite(g)) or not np.array_equal(g[2:8], w[2:8]):
             return False
-        scale, norm = min(g[0], w[0]), min(g[1], w[1])
+        floor = max(min(g[8], w[8]), 0.0)
+        scale, norm = max(min(g[0], w[0]), floor), max(min(g[1], w[1]), floor * math.sqrt(math.prod(shape)))
         if abs(g[0] - w[0]) > PROGRAM_TOLERANCE_EPS * eps * max(scale, 0.0):
             return False
         d = g[_HEADER:] - w[_HEADER:]
