@@ -15,7 +15,9 @@ KIND (each computes the honest result first, then):
 * ``stall``: never returns (it holds the task until the lab node reissues it);
 * ``scale``: multiplies the whole result by 1.001 (a gradient scaled a little);
 * ``half``: returns 0.5 everywhere (ones for integers), and for a stage task's replica (``program_sketch``)
-  the fingerprint of that: two such volunteers (one person's two credentials) agree on every task.
+  the fingerprint of that: two such volunteers (one person's two credentials) agree on every task;
+* ``widen``: for a stage task (``program``), ``noise`` on its outputs and a rounding floor of 1e30 for each
+  (a claim that any difference is rounding); other ops as ``noise``.
 
 ``--cheat-op NAME``: cheat on that op only (``program``: a stage task's outputs; ``matmul``: one
 product inside it), every other op honest.
@@ -30,7 +32,7 @@ import threading
 
 import numpy as np
 
-KINDS = ("noise", "zeros", "element", "stale", "stall", "scale", "half")
+KINDS = ("noise", "zeros", "element", "stale", "stall", "scale", "half", "widen")
 
 
 def corrupt(kind: str, out, earlier: dict):
@@ -109,6 +111,11 @@ def main(argv: list[str]) -> None:
             return out
         if kind == "stale":
             return previous if previous is not None else out  # the first of its shape: nothing stale yet
+        if kind == "widen":
+            bad = corrupt("noise", out, earlier)
+            if self.name == "program":
+                bad[bad.size - len(params["program"][3]):] = 1e30
+            return bad
         return corrupt(kind, out, earlier)
 
     OpSpec.__call__ = cheating_call
