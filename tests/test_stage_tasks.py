@@ -95,7 +95,10 @@ def test_a_small_program_runs_and_packs_its_outputs():
     a, b = np.arange(4.0).reshape(2, 2), np.eye(2)
     out = run(a, b, program=_small_program())
     np.testing.assert_array_equal(out[:4], (a @ b + 1.0).reshape(-1))
-    assert out[4] == 3.0  # the rounding floor: the largest term of the sum (a @ b's 3, not the literal 1)
+    assert out[4] == 0.0  # its rounding floor: no reduction made the output
+    summed = (FORMAT, 2, (("subtract", 1, (("$ref", 0), ("$ref", 1)), ()), ("sum", 1, (("$ref", 2),), ())),
+              ((3, (), "<f8"),), "<f8", 8.0)
+    np.testing.assert_array_equal(run(a, b, program=summed), [np.sum(a - b), 2.0])  # floor: the largest term, |a - b|
     task = CatalogTask(("program-" + "0" * 32, 0), PROGRAM, a, b, program=_small_program())
     assert task_violation(task) is None
 
@@ -146,6 +149,27 @@ def test_the_replica_comparison_takes_other_blas_kernels_and_refuses_a_scaled_gr
     nan = one.copy()
     nan[0] = np.nan
     assert not same_program_result(nan, one, (), params)
+
+
+def test_a_pseudo_gradient_keeps_its_own_scale_so_a_scaled_one_is_refused():
+    """start - end is a difference of two parameter-sized values, but no reduction: its rounding floor stays 0 and
+    it is compared on its own magnitude (a floor of the parameters' size would let a 1.001 scaling through)."""
+    from goblin_dask.ops.program import rounding_floors
+
+    steps = (("sum", 1, (("$ref", 1),), (("axis", 0),)),                 # 2: a gradient
+             ("multiply", 1, (("$ref", 2), 1e-3), ()),                   # 3: the step
+             ("subtract", 1, (("$ref", 0), ("$ref", 3)), ()),            # 4: the end
+             ("subtract", 1, (("$ref", 0), ("$ref", 4)), ()))            # 5: start - end
+    spec = (FORMAT, 2, steps, ((5, (64,), "<f4"), (2, (64,), "<f4")), "<f4", 1e4)
+    rng = np.random.default_rng(3)
+    start, x = rng.standard_normal(64).astype(np.float32), rng.standard_normal((32, 64)).astype(np.float32)
+    out = run(start, x, program=spec)
+    floors = rounding_floors(out, spec)
+    assert floors[0] == 0 and floors[1] == pytest.approx(np.abs(x).max())
+    scaled = out.copy()
+    scaled[:64] *= np.float32(1.001)
+    assert same_program_result(out, out.copy(), (), {"program": spec})
+    assert not same_program_result(scaled, out, (), {"program": spec})
 
 
 _CNN_STAGE = """
