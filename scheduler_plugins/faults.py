@@ -260,6 +260,9 @@ class FaultPlugin(SchedulerPlugin):
         for ts in held:
             ts.suspicious = 0  # volunteers dying is not the task's fault: no KilledWorker for it
             self.failed_on.setdefault(ts.key, set()).add(name)
+        if self.admission.is_shut_out(name):  # banned or revoked: its stream closed first, no crash to count
+            logger.info("banned or revoked volunteer %s left holding %d task(s); they go elsewhere", name, len(held))
+            return
         reason = f"disconnected while processing {len(held)} task(s)"
         logger.warning("volunteer %s %s; they go elsewhere", name, reason)
         self._blame(name, "crash", held[0].key, reason, leaving=ws.address)

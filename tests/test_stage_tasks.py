@@ -470,6 +470,8 @@ def test_a_cheater_inside_a_stage_task_never_reaches_an_update_and_is_banned(che
         assert all(report["volunteers"][n]["rejected"] == 0 for n in honest), report
         if report["volunteers"][cheater]["rejected"] >= 2:
             assert report["volunteers"][cheater]["banned"]
+            # its removal is the ban, not a crash (the stream closes before the scheduler removes it)
+            assert not [f for f in report["faults"]["faults"] if f["volunteer"] == cheater and f["kind"] == "crash"]
 
 
 def test_two_colluding_volunteers_agreeing_on_a_wrong_stage_result_are_caught_by_the_labs_audit():
