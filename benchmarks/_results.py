@@ -19,6 +19,13 @@ def write_section(section: str, text: str) -> None:
     RESULTS.write_text(new)
 
 
+def publish(section: str, text: str, write: bool) -> None:
+    """Print a benchmark's section, and with ``write`` put it in RESULTS.md."""
+    print(text)
+    if write:
+        write_section(section, text)
+
+
 def best(fn, repeats: int) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn()``."""
     times = []

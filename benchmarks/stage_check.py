@@ -34,7 +34,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _results import write_section  # noqa: E402
+from _results import publish  # noqa: E402
 
 SECTION = "## Stage tasks: honest kernels and small cheats (issue 28)"
 #: (name, environment, threads): the kernels OpenBLAS offers on x86-64 and the thread counts volunteers run.
@@ -200,10 +200,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/stage_check.py" + (
         f" --draws {args.draws}" if args.draws != 3 else "") + (" --write" if args.write else "")
-    text = markdown(command, args.draws, measure(args.draws))
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, markdown(command, args.draws, measure(args.draws)), args.write)
     return 0
 
 
