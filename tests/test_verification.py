@@ -488,3 +488,31 @@ def test_zero_lines_found_from_the_norms_tell_tiny_lines_from_zero_ones(dtype):
     assert check_product(got, a, b, np.broadcast_to(bad, c.shape))  # inf where numpy puts it
     got[4, 2] = 0.0
     assert not check_product(got, a, b, np.broadcast_to(bad, c.shape))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_pointwise_result_is_compared_element_by_element_not_against_the_blocks_largest(dtype):
+    """How far the generic replica rule lets a wide-range result's small entries move: 64 eps of the block's
+    largest magnitude (for ``exp`` over [-40, 5] in float32, 1.1e-3 beside entries of 4e-18).  Ops that every
+    honest kernel computes to a few ulps of each element are compared element by element: a tiny entry made
+    negative or 1000x larger is refused; another libm's rounding (8 ulps), a flushed subnormal, are accepted."""
+    from goblin_dask.ops import get as op
+
+    exp = op("exp")
+    x = np.linspace(-40, 5, 4096).astype(dtype)
+    want = exp(x)
+    band = 64 * np.finfo(dtype).eps * float(want.max())
+    small = want < band / 1e3
+    assert small.sum() > 500  # entries the block rule cannot tell from zero
+    for wrong in (np.where(small, -want, want), np.where(small, want * 1000, want)):
+        assert same_result(wrong, want, (x,))  # the generic rule: inside its band
+        assert not exp.compare(wrong, want, (x,), {})
+    honest = want.copy()
+    for _ in range(8):
+        honest = np.nextafter(honest, np.inf).astype(dtype)
+    assert exp.compare(honest, want, (x,), {})
+    rounded = np.exp(x.astype(np.float64)).astype(dtype)  # a correctly rounded kernel
+    assert exp.compare(rounded, want, (x,), {}) and exp.compare(want, rounded, (x,), {})
+    flushed = np.where(want < np.finfo(dtype).tiny, 0, want).astype(dtype)
+    assert exp.compare(flushed, want, (x,), {})
+    assert op("sin").compare is None  # trigonometry keeps the block rule (kernels differ near its zeros)

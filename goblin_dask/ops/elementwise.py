@@ -25,6 +25,7 @@ from goblin_dask.ops._factories import (
     helper,
     infix,
     same_kind_loop,
+    same_per_element,
     ufunc_op,
     vjp,
     where_loop,
@@ -231,32 +232,32 @@ _SHIFTS = ((-100, 100), (0, 8))
 
 # fmt: off
 # -- unary ---------------------------------------------------------------------------
-negative = ufunc_op(np.negative, "Numerical negative, -x.", Scalar("(-{0})", "(-{0})"), grad=vjp(lambda x: -1.0), operator=operator.neg)
-positive = ufunc_op(np.positive, "Numerical positive, +x (a copy).", Scalar("(+{0})", "(+{0})"), grad=vjp(lambda x: 1.0), operator=operator.pos)
-absolute = ufunc_op(np.absolute, "Absolute value |x|.", _ABS, grad=vjp(np.sign), operator=operator.abs, aliases=('abs',))
-exp = ufunc_op(np.exp, "Exponential e**x.", call("exp"), flops=20, grad=vjp(np.exp))
-expm1 = ufunc_op(np.expm1, "e**x - 1, accurate for small x.", call("expm1"), flops=20, grad=vjp(np.exp))
-log = ufunc_op(np.log, "Natural logarithm.", call("log"), flops=20, grad=vjp(lambda x: 1 / x), domain=_POS)
-log1p = ufunc_op(np.log1p, "log(1 + x), accurate for small x.", call("log1p"), flops=20, grad=vjp(lambda x: 1 / (1 + x)), domain=_POS)
-log2 = ufunc_op(np.log2, "Base-2 logarithm.", call("log2"), flops=20, grad=vjp(lambda x: 1 / (x * math.log(2))), domain=_POS)
-log10 = ufunc_op(np.log10, "Base-10 logarithm.", call("log10"), flops=20, grad=vjp(lambda x: 1 / (x * math.log(10))), domain=_POS)
-sqrt = ufunc_op(np.sqrt, "Non-negative square root.", call("sqrt"), flops=4, grad=vjp(lambda x: 0.5 / np.sqrt(x)), domain=_POS)
-square = ufunc_op(np.square, "x * x.", Scalar("({0} * {0})", "({0} * {0})"), grad=vjp(lambda x: 2 * x))
-reciprocal = ufunc_op(np.reciprocal, "1 / x.", _RECIPROCAL, flops=4, grad=vjp(lambda x: -1 / x**2), domain=_NONZERO)
+negative = ufunc_op(np.negative, "Numerical negative, -x.", Scalar("(-{0})", "(-{0})"), grad=vjp(lambda x: -1.0), operator=operator.neg, compare=same_per_element)
+positive = ufunc_op(np.positive, "Numerical positive, +x (a copy).", Scalar("(+{0})", "(+{0})"), grad=vjp(lambda x: 1.0), operator=operator.pos, compare=same_per_element)
+absolute = ufunc_op(np.absolute, "Absolute value |x|.", _ABS, grad=vjp(np.sign), operator=operator.abs, aliases=('abs',), compare=same_per_element)
+exp = ufunc_op(np.exp, "Exponential e**x.", call("exp"), flops=20, grad=vjp(np.exp), compare=same_per_element)
+expm1 = ufunc_op(np.expm1, "e**x - 1, accurate for small x.", call("expm1"), flops=20, grad=vjp(np.exp), compare=same_per_element)
+log = ufunc_op(np.log, "Natural logarithm.", call("log"), flops=20, grad=vjp(lambda x: 1 / x), domain=_POS, compare=same_per_element)
+log1p = ufunc_op(np.log1p, "log(1 + x), accurate for small x.", call("log1p"), flops=20, grad=vjp(lambda x: 1 / (1 + x)), domain=_POS, compare=same_per_element)
+log2 = ufunc_op(np.log2, "Base-2 logarithm.", call("log2"), flops=20, grad=vjp(lambda x: 1 / (x * math.log(2))), domain=_POS, compare=same_per_element)
+log10 = ufunc_op(np.log10, "Base-10 logarithm.", call("log10"), flops=20, grad=vjp(lambda x: 1 / (x * math.log(10))), domain=_POS, compare=same_per_element)
+sqrt = ufunc_op(np.sqrt, "Non-negative square root.", call("sqrt"), flops=4, grad=vjp(lambda x: 0.5 / np.sqrt(x)), domain=_POS, compare=same_per_element)
+square = ufunc_op(np.square, "x * x.", Scalar("({0} * {0})", "({0} * {0})"), grad=vjp(lambda x: 2 * x), compare=same_per_element)
+reciprocal = ufunc_op(np.reciprocal, "1 / x.", _RECIPROCAL, flops=4, grad=vjp(lambda x: -1 / x**2), domain=_NONZERO, compare=same_per_element)
 sin = ufunc_op(np.sin, "Sine (radians).", call("sin"), flops=20, grad=vjp(np.cos))
 cos = ufunc_op(np.cos, "Cosine (radians).", call("cos"), flops=20, grad=vjp(lambda x: -np.sin(x)))
 tan = ufunc_op(np.tan, "Tangent (radians).", call("tan"), flops=20, grad=vjp(lambda x: 1 + np.tan(x) ** 2), domain=((-1.2, 1.2),))
 arcsin = ufunc_op(np.arcsin, "Inverse sine.", call("arcsin", "asin"), flops=20, grad=vjp(lambda x: 1 / np.sqrt(1 - x**2)), domain=_UNIT)
 arccos = ufunc_op(np.arccos, "Inverse cosine.", call("arccos", "acos"), flops=20, grad=vjp(lambda x: -1 / np.sqrt(1 - x**2)), domain=_UNIT)
 arctan = ufunc_op(np.arctan, "Inverse tangent.", call("arctan", "atan"), flops=20, grad=vjp(lambda x: 1 / (1 + x**2)))
-sinh = ufunc_op(np.sinh, "Hyperbolic sine.", call("sinh"), flops=20, grad=vjp(np.cosh))
-cosh = ufunc_op(np.cosh, "Hyperbolic cosine.", call("cosh"), flops=20, grad=vjp(np.sinh))
-tanh = ufunc_op(np.tanh, "Hyperbolic tangent.", call("tanh"), flops=20, grad=vjp(lambda x: 1 - np.tanh(x) ** 2))
-floor = ufunc_op(np.floor, "Largest integer <= x.", _rounding("floor"), grad=_zero)
-ceil = ufunc_op(np.ceil, "Smallest integer >= x.", _rounding("ceil"), grad=_zero)
-rint = ufunc_op(np.rint, "Round to the nearest integer, ties to even.", _rounding("rint"), grad=_zero)
-trunc = ufunc_op(np.trunc, "Round towards zero.", _rounding("trunc"), grad=_zero)
-sign = ufunc_op(np.sign, "-1, 0 or 1 by the sign of x (NaN stays NaN).", helper("sign"), grad=_zero)
+sinh = ufunc_op(np.sinh, "Hyperbolic sine.", call("sinh"), flops=20, grad=vjp(np.cosh), compare=same_per_element)
+cosh = ufunc_op(np.cosh, "Hyperbolic cosine.", call("cosh"), flops=20, grad=vjp(np.sinh), compare=same_per_element)
+tanh = ufunc_op(np.tanh, "Hyperbolic tangent.", call("tanh"), flops=20, grad=vjp(lambda x: 1 - np.tanh(x) ** 2), compare=same_per_element)
+floor = ufunc_op(np.floor, "Largest integer <= x.", _rounding("floor"), grad=_zero, compare=same_per_element)
+ceil = ufunc_op(np.ceil, "Smallest integer >= x.", _rounding("ceil"), grad=_zero, compare=same_per_element)
+rint = ufunc_op(np.rint, "Round to the nearest integer, ties to even.", _rounding("rint"), grad=_zero, compare=same_per_element)
+trunc = ufunc_op(np.trunc, "Round towards zero.", _rounding("trunc"), grad=_zero, compare=same_per_element)
+sign = ufunc_op(np.sign, "-1, 0 or 1 by the sign of x (NaN stays NaN).", helper("sign"), grad=_zero, compare=same_per_element)
 logical_not = ufunc_op(np.logical_not, "Truth value of NOT x.", Scalar("(not {0})", "(!{0})"), verify=Exact())
 invert = ufunc_op(np.invert, "Bitwise NOT (logical NOT on booleans).", _INVERT, verify=Exact(), operator=operator.invert, aliases=('bitwise_not',))
 isnan = ufunc_op(np.isnan, "True where x is NaN.", _float_test("isnan", _FALSE), verify=Exact())
@@ -317,19 +318,19 @@ elu = elementwise_op(
 )
 
 # -- binary ----------------------------------------------------------------------------
-add = ufunc_op(np.add, "Sum x + y.", infix("+"), grad=vjp(lambda x, y: 1.0, lambda x, y: 1.0), operator=operator.add)
-subtract = ufunc_op(np.subtract, "Difference x - y.", infix("-"), grad=vjp(lambda x, y: 1.0, lambda x, y: -1.0), operator=operator.sub)
-multiply = ufunc_op(np.multiply, "Product x * y.", infix("*"), grad=vjp(lambda x, y: y, lambda x, y: x), operator=operator.mul)
-divide = ufunc_op(np.divide, "True division x / y.", infix("/"), flops=4, grad=vjp(lambda x, y: 1 / y, lambda x, y: -x / y**2), domain=((-3, 3), (0.5, 3)), operator=operator.truediv, aliases=('true_divide',))
+add = ufunc_op(np.add, "Sum x + y.", infix("+"), grad=vjp(lambda x, y: 1.0, lambda x, y: 1.0), operator=operator.add, compare=same_per_element)
+subtract = ufunc_op(np.subtract, "Difference x - y.", infix("-"), grad=vjp(lambda x, y: 1.0, lambda x, y: -1.0), operator=operator.sub, compare=same_per_element)
+multiply = ufunc_op(np.multiply, "Product x * y.", infix("*"), grad=vjp(lambda x, y: y, lambda x, y: x), operator=operator.mul, compare=same_per_element)
+divide = ufunc_op(np.divide, "True division x / y.", infix("/"), flops=4, grad=vjp(lambda x, y: 1 / y, lambda x, y: -x / y**2), domain=((-3, 3), (0.5, 3)), operator=operator.truediv, aliases=('true_divide',), compare=same_per_element)
 floor_divide = ufunc_op(np.floor_divide, "Floor of x / y (0 for integer division by zero).", _FLOOR_DIVIDE, flops=4, grad=vjp(lambda x, y: 0.0, lambda x, y: 0.0), domain=_INTEGRAL, operator=operator.floordiv)
 remainder = ufunc_op(np.remainder, "x - floor(x / y) * y, with the sign of y.", _REMAINDER, flops=4, grad=vjp(lambda x, y: 1.0, lambda x, y: -np.floor(x / y)), domain=_INTEGRAL, operator=operator.mod, aliases=('mod',))
 power = ufunc_op(np.power, "x ** y.", _POWER, flops=30, grad=vjp(lambda x, y: y * x ** (y - 1), lambda x, y: np.log(x) * x**y), domain=((0.5, 3), (0, 4)), operator=operator.pow, aliases=('pow',))
-maximum = ufunc_op(np.maximum, "Elementwise maximum, propagating NaN.", helper("maximum"), grad=vjp(lambda x, y: x > y, lambda x, y: x <= y))
-minimum = ufunc_op(np.minimum, "Elementwise minimum, propagating NaN.", helper("minimum"), grad=vjp(lambda x, y: x < y, lambda x, y: x >= y))
+maximum = ufunc_op(np.maximum, "Elementwise maximum, propagating NaN.", helper("maximum"), grad=vjp(lambda x, y: x > y, lambda x, y: x <= y), compare=same_per_element)
+minimum = ufunc_op(np.minimum, "Elementwise minimum, propagating NaN.", helper("minimum"), grad=vjp(lambda x, y: x < y, lambda x, y: x >= y), compare=same_per_element)
 arctan2 = ufunc_op(np.arctan2, "Angle of the point (x2, x1) in radians, in the right quadrant.", call("arctan2", "atan2", kinds="f"), flops=25,
                    grad=vjp(lambda y, x: x / (x**2 + y**2), lambda y, x: -y / (x**2 + y**2)))
 hypot = ufunc_op(np.hypot, "sqrt(x**2 + y**2) without overflow.", call("hypot", kinds="f"), flops=10,
-                 grad=vjp(lambda x, y: x / np.hypot(x, y), lambda x, y: y / np.hypot(x, y)))
+                 grad=vjp(lambda x, y: x / np.hypot(x, y), lambda x, y: y / np.hypot(x, y)), compare=same_per_element)
 logaddexp = ufunc_op(np.logaddexp, "log(exp(x) + exp(y)) without overflow.", helper("logaddexp", kinds="f"), flops=40,
                      grad=vjp(lambda x, y: _sigmoid(x - y), lambda x, y: _sigmoid(y - x)))
 equal = ufunc_op(np.equal, "x == y.", infix("=="), verify=Exact(), operator=operator.eq)
