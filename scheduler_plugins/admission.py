@@ -51,10 +51,11 @@ VOLUNTEER_FLOOD_BAN = 1000
 #: The most keys a volunteer may ask ``who_has`` about in one call.
 VOLUNTEER_WHO_HAS_KEYS = 10_000
 #: What a joining volunteer may claim: at most this many task threads, and a memory limit (when it sets
-#: one) of at least this many bytes.  The lab sizes every product's tiles from the volunteers' claims
+#: one) of at least this many bytes, and of at least ``goblin.admission.min-memory-per-thread`` per thread.
+#: The lab sizes every product's tiles from the volunteers' claims
 #: (:func:`goblin_dask.array.linalg.volunteer_capacity`: the smallest memory per thread, the threads in
-#: all), so one volunteer claiming a million threads or a few bytes would cut every product of the lab
-#: into its smallest tiles (tens of thousands of tasks).
+#: all), so one volunteer claiming a million threads or a few bytes per thread would cut every product of
+#: the lab into tiles so small that the lab computes them itself (issue 29: 256 threads in 64 MiB).
 VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
 #: A volunteer's registration is stale after this many of distributed's heartbeat intervals without one
@@ -361,8 +362,19 @@ class AdmissionPlugin(SchedulerPlugin):
         self.names.pop(worker, None)
 
 
+def min_memory_per_thread() -> int:
+    """``goblin.admission.min-memory-per-thread`` in bytes: the least memory per task thread a volunteer may claim."""
+    import dask.utils
+
+    from goblin_dask import settings
+
+    value = settings.get("goblin.admission.min-memory-per-thread")
+    return int(dask.utils.parse_bytes(value) if isinstance(value, str) else value or 0)
+
+
 def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
-    """CredentialError unless a joining volunteer's threads and memory limit are ones a machine has."""
+    """CredentialError unless a joining volunteer's threads and memory limit are ones a machine has, and give
+    each thread at least ``goblin.admission.min-memory-per-thread`` (the floor of every product's tile budget)."""
     if isinstance(nthreads, bool) or not isinstance(nthreads, int) or not 1 <= nthreads <= VOLUNTEER_MAX_THREADS:
         raise CredentialError(f"it claims {str(nthreads)[:40]!r} task threads (1 to {VOLUNTEER_MAX_THREADS})")
     if memory_limit is None or memory_limit == 0:  # no limit: the lab assumes the default volunteer's
@@ -371,6 +383,12 @@ def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
             or not VOLUNTEER_MIN_MEMORY <= memory_limit < float("inf"):
         raise CredentialError(f"it claims a memory limit of {str(memory_limit)[:40]!r} bytes "
                               f"(at least {VOLUNTEER_MIN_MEMORY}, or none)")
+    floor = min_memory_per_thread()
+    if memory_limit < floor * nthreads:
+        raise CredentialError(
+            f"it claims {nthreads} task threads in a memory limit of {int(memory_limit)} bytes, "
+            f"{int(memory_limit // nthreads)} per thread: goblin.admission.min-memory-per-thread is {floor} "
+            f"(lower --nthreads or raise --memory-limit)")
 
 
 def _role_may_call(role: str | None, op: str) -> bool:

@@ -24,6 +24,9 @@ elsewhere") at once, nothing computed; on a plain scheduler the same idle-lookin
 Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never started; of the others, the
 newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
 
+Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
+(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly.
+
 Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
 float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
 of float64, or float64 instead of anything else).
@@ -41,6 +44,7 @@ import numpy as np
 STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished")
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold")
+CLAIM_ATTACKS = ("claim",)
 #: The number a stealing volunteer puts under the key.
 FAKE = -12345.0
 SPRAY = 4000
@@ -52,9 +56,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     from tests.agent_options import take_options
 
     opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
-                                     "keep": "4", "every": "1.0"})
-    if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS:
-        raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS}")
+                                     "keep": "4", "every": "1.0", "claim-memory": None})
+    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS
+    if opts["attack"] not in kinds:
+        raise SystemExit(f"tests.hostile: --attack must be one of {kinds}")
     return opts, rest
 
 
@@ -107,6 +112,20 @@ def main(argv: list[str]) -> None:
             return wrong_result(kind, honest_call(self, *args, **params))
 
         OpSpec.__call__ = hostile_call
+    elif kind in CLAIM_ATTACKS:
+        from goblin_dask.volunteer import worker  # where the agent looks its worker class up
+
+        honest_class, claim = worker.volunteer_worker_class, int(opts["claim-memory"])
+
+        def claiming_class():
+            class ClaimingWorker(honest_class()):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    self.memory_manager.memory_limit = claim  # what register-worker tells the lab
+
+            return ClaimingWorker
+
+        worker.volunteer_worker_class = claiming_class
     elif kind in TASK_ATTACKS:
         from distributed.worker_state_machine import ComputeTaskEvent
 

@@ -126,7 +126,22 @@ def test_what_a_registering_volunteer_may_claim(nthreads, memory_limit):
 def test_what_an_honest_volunteer_claims_passes():
     from scheduler_plugins.admission import VOLUNTEER_MAX_THREADS, _check_volunteer_claims
 
-    for nthreads, memory_limit in ((1, None), (1, 0), (VOLUNTEER_MAX_THREADS, 2**36), (8, 64 * 2**20), (2, 1.5e9)):
+    for nthreads, memory_limit in ((1, None), (1, 0), (VOLUNTEER_MAX_THREADS, 2**36), (8, 2**31), (1, 256 * 2**20),
+                                   (2, 1.5e9)):
+        _check_volunteer_claims(nthreads, memory_limit)
+
+
+@pytest.mark.parametrize("nthreads, memory_limit", [(256, 64 * 2**20), (8, 2**31 - 1), (1, 256 * 2**20 - 1)])
+def test_a_claim_of_less_memory_per_thread_than_the_setting_is_refused_naming_it(nthreads, memory_limit):
+    """Issue 29: 256 threads in 64 MiB cut every product into tiles the lab computed itself."""
+    import dask
+
+    from goblin_dask.credentials import CredentialError
+    from scheduler_plugins.admission import _check_volunteer_claims
+
+    with pytest.raises(CredentialError, match="goblin.admission.min-memory-per-thread is 268435456 .*--nthreads"):
+        _check_volunteer_claims(nthreads, memory_limit)
+    with dask.config.set({"goblin.admission.min-memory-per-thread": "128KiB"}):  # a lab that allows less
         _check_volunteer_claims(nthreads, memory_limit)
 
 
