@@ -435,8 +435,11 @@ class VerificationLedger(SchedulerPlugin):
                 continue
             name = self.admission.names.get(addr, addr)
             moved = 0
+            exposure = self.scheduler.plugins.get("goblin-exposure")
             for ts in held:
                 if self._restrict(ts, self.replicas.get(ts.key, frozenset()) | {name}):
+                    if exposure is not None:  # within max-exposure still, or on the lab worker
+                        exposure.replan_when_released(ts.key)
                     self.scheduler._reschedule(ts.key, worker=addr, stimulus_id=f"goblin-deadline-{now}")
                     moved += 1
             if moved:
