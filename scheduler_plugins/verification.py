@@ -479,6 +479,8 @@ class VerificationLedger(SchedulerPlugin):
             + [{"kind": "banned", "volunteer": b["name"], "reason": b["reason"]} for b in self._bans()],
             # each ban ({"name", "reason", "time"}): rejected results, refused stream messages, the lab's refusals
             "bans": self._bans(),
+            # {volunteer: calls and stream messages refused over its call budget} (admission.CallBudget)
+            "over_budget": dict(calls.refused) if (calls := getattr(self.admission, "calls", None)) else {},
             # the latest rejected results, with the reason
             "rejections": [dict(r) for r in self.rejections],
             # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)

@@ -16,6 +16,8 @@ without ``--trigger``):
   run id is unknown, so it sprays them: each wrong guess makes the scheduler rerun KEY with
   the next run id, two guesses on it catches up);
 * ``pause-lab-worker``: ``worker-status-change`` to ``paused`` naming the lab worker;
+* ``refresh-flood``: ``request-refresh-who-has`` messages naming 2,000 keys of 100 characters each, 40 of
+  them at once (nothing but its call budget bounds how many a volunteer sends);
 * ``foreign-task-finished``: puts a number of its own under KEY and sprays ``task-finished``
   for KEY (a task it was never given): on a plain scheduler it becomes one of KEY's holders.
 
@@ -41,7 +43,9 @@ import sys
 
 import numpy as np
 
-STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished")
+STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished", "refresh-flood")
+#: ``refresh-flood``: this many ``request-refresh-who-has`` messages, each of FLOOD_KEYS keys of 100 characters.
+FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold")
 CLAIM_ATTACKS = ("claim",)
@@ -92,6 +96,10 @@ def stream_messages(worker, opts: dict) -> list[dict]:
         return [{"op": "task-finished", "key": key, "run_id": 2 * i, "worker": lab, "nbytes": 8, "type": None,
                  "typename": "float", "metadata": metadata, "thread": None, "startstops": [],
                  "stimulus_id": f"hostile-forge-{i}"} for i in range(SPRAY)]
+    if kind == "refresh-flood":
+        keys = [f"{i:0100d}" for i in range(FLOOD_KEYS)]
+        return [{"op": "request-refresh-who-has", "keys": keys, "stimulus_id": f"hostile-refresh-{i}"}
+                for i in range(FLOOD_MESSAGES)]
     if kind == "foreign-task-finished":
         worker.data[key] = np.float64(FAKE)
         return [{"op": "task-finished", "key": key, "run_id": i, "nbytes": 8, "type": None, "typename": "float64",

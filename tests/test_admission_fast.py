@@ -292,3 +292,20 @@ def test_the_call_budget_passes_a_burst_refills_at_its_rate_and_counts_refusals(
     now[0] += 60.0  # never more than the burst, however long it waited
     assert sum(budget.spend("v1") for _ in range(10)) == 5
     assert budget.refused["v1"] == 8
+
+
+def test_a_costly_call_leaves_the_budget_in_debt_until_it_is_paid_back():
+    """Issue 29: calls are charged what they cost (:func:`call_cost`: keys named, their text), not one each."""
+    from scheduler_plugins.admission import CallBudget, call_cost
+
+    assert call_cost() == call_cost(["k"] * 0) == 1.0 and call_cost("not a list") == 1.0
+    assert call_cost([f"{i:0100d}" for i in range(10_000)]) == pytest.approx(1 + 100 + 10_000 * 100 / 16384)
+    assert call_cost([("x" * 100, 1, 2)] * 100) == pytest.approx(1 + 1 + 100 * 116 / 16384)
+    now = [0.0]
+    budget = CallBudget(rate=10.0, burst=5, clock=lambda: now[0])
+    assert budget.spend("v", cost=12.0)  # one call's worth was there: it runs, 7 in debt
+    assert not budget.spend("v") and not budget.spend("v", cost=0.5)  # nothing until the debt is paid back
+    now[0] += 0.75  # 7.5 refilled: 0.5 left, under one call
+    assert not budget.spend("v")
+    now[0] += 0.05
+    assert budget.spend("v") and budget.refused == {"v": 3}
