@@ -47,6 +47,7 @@ from typing import Any
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.node import rpc
 from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
 from goblin_dask.tls import peer_identity
 from goblin_dask.validation.checks import as_key
@@ -119,9 +120,21 @@ class StreamGuardPlugin(SchedulerPlugin):
             for msg in msgs:
                 if isinstance(msg, dict) and msg.get("op") == "compute-task":
                     self._give(worker, msg.get("key"), msg.get("run_id"))
+                    self._may_fetch(worker, msg.get("who_has") or {})
             return send(*msgs)
 
         bsend.send = recording_send
+
+    def _may_fetch(self, worker: str, inputs: dict) -> None:
+        """Tell the lab workers that volunteer ``worker`` may fetch the inputs of the task it is being given
+        (a lab worker answers a volunteer's ``get_data`` of nothing else: :mod:`goblin_dask.node.lab_worker`)."""
+        if not inputs:
+            return
+        msg = {"op": rpc.MAY_FETCH, "volunteer": self.admission.names.get(worker, worker), "keys": list(inputs)}
+        for lab in self.admission.lab_workers():
+            stream = self.scheduler.stream_comms.get(lab)
+            if stream is not None:
+                stream.send(msg)
 
     def _give(self, worker: str, key: Any, run_id: Any) -> None:
         given = self.given.get(worker)

@@ -349,6 +349,34 @@ def test_the_scheduler_reads_nothing_more_of_a_volunteer_over_its_read_rate(tmp_
     assert answered == "ok" and pending
 
 
+def test_a_volunteer_fetches_from_the_lab_worker_only_the_inputs_of_its_own_tasks(tmp_path):
+    """Issue 29: any volunteer certificate could call any lab worker handler (``get_data`` of any key, the
+    whole key list, ``update_data``).  Now a volunteer's connection to a lab worker may call ``get_data`` only,
+    of the inputs of tasks the scheduler gave it; the honest volunteers still compute (numpy's numbers)."""
+    import operator
+
+    with LabNode.local(volunteers=1, state_dir=tmp_path / "lab", dashboard=False) as node:
+        held = node.client.submit(operator.add, 40, 2, pure=False)  # a researcher's result, on the lab worker
+        assert held.result() == 42
+        _, security = _volunteer(node)
+        lab = node.lab_worker_address()
+        listed, fetched, stored = [node.client.sync(_calls, lab, security, msg, 1)[0] for msg in (
+            {"op": "keys", "reply": True},
+            {"op": "get_data", "keys": [held.key], "who": None, "reply": True},
+            {"op": "update_data", "data": {"planted": 1.0}, "reply": True})]
+        assert listed.startswith("refused") and "'keys' is not allowed for volunteer" in listed, listed
+        assert stored.startswith("refused") and "'update_data' is not allowed" in stored, stored
+        assert fetched.startswith("refused") and "only the inputs of its own tasks" in fetched, fetched
+        assert held.result() == 42
+        before = node.report()["accepted"]
+        rng = np.random.default_rng(8)
+        a, b = rng.standard_normal((600, 400)), rng.standard_normal((400, 500))
+        with node.client.as_current():  # the honest volunteer fetches its inputs and computes
+            got = (ga.from_array(a, chunks=200) @ ga.from_array(b, chunks=(200, 250))).compute()
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-10)
+        assert node.report()["accepted"] > before
+
+
 # -- volunteers behind NAT -------------------------------------------------------------------------
 
 def _listening(pid: int) -> list:
