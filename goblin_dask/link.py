@@ -120,6 +120,51 @@ def max_in_flight() -> int:
 _in_flight: dict[str, int] = {}
 
 
+class ReadRate:
+    """How fast this process reads each volunteer's messages, in bytes a second: a token bucket per name.
+
+    A message is read whole and its bytes charged; a volunteer whose bucket is in debt has its next message
+    read (on any of its connections) only once the debt is paid back, so its connections wait and TCP pushes
+    back on the sender.  A refusal after the message was read and decoded is no defence against messages
+    that are costly to decode (issue 29: 10 credentials sending ``who_has`` with 10,000 keys of 100
+    characters kept a researcher's one-task job waiting over a second, refused or not).  Names are those of
+    admitted certificates (the lab's CA signed them): the table grows with the volunteers enrolled."""
+
+    def __init__(self, rate: float, burst: float, clock=time.monotonic):
+        self.rate, self.burst, self.clock = float(rate), float(burst), clock
+        self.tokens: dict[str, tuple[float, float]] = {}  # name -> (bytes, when counted)
+
+    def _now(self, name: str) -> float:
+        now = self.clock()
+        tokens, then = self.tokens.get(name, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        self.tokens[name] = (tokens, now)
+        return tokens
+
+    def delay(self, name: str) -> float:
+        """Seconds until ``name``'s next message may be read (0: now)."""
+        tokens = self._now(name)
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
+    def charge(self, name: str, nbytes: int) -> None:
+        tokens = self._now(name)
+        self.tokens[name] = (tokens - nbytes, self.tokens[name][1])
+
+
+def scheduler_read_rate() -> ReadRate:
+    """``goblin.link.scheduler-read-rate`` (bytes a second, bursts of 8 seconds' worth) as a :class:`ReadRate`."""
+    value = settings.get("goblin.link.scheduler-read-rate")
+    rate = float(dask.utils.parse_bytes(value) if isinstance(value, str) else value)
+    if rate <= 0:
+        raise ValueError(f"goblin.link.scheduler-read-rate must be a positive number of bytes, got {value!r}")
+    return ReadRate(rate, 8 * rate)
+
+
+#: Set on the scheduler (:func:`install_scheduler_side`): how fast it reads each volunteer; None elsewhere
+#: (the lab workers read the volunteers' results, which only max-in-flight bounds).
+_read_rate: ReadRate | None = None
+
+
 # -- refusals --------------------------------------------------------------------------
 
 _refusal_handler: Callable[[str, str, bool], Any] | None = None
@@ -265,11 +310,16 @@ class VolunteerComm(TLS):
             self.reads_left -= 1
         limit = self.limit
         reserved = 0
+        pace = _read_rate
         try:
             (size,) = struct.unpack("Q", await stream.read_bytes(8))
             if size > limit:
                 raise Refused(f"announced a message of {size} bytes (this lab reads at most {limit})", ban=False)
             reserved += self._reserve(size)
+            if pace is not None:
+                if (wait := pace.delay(self.volunteer)) > 0:
+                    await asyncio.sleep(wait)  # over its read rate: nothing more of it is read until then
+                pace.charge(self.volunteer, size)
             whole = await read_bytes_rw(stream, size)
             try:
                 from distributed.protocol.utils import unpack_frames
@@ -280,6 +330,8 @@ class VolunteerComm(TLS):
             if any(n < 0 for n in rest) or size + sum(rest) > limit:
                 raise Refused(f"announced buffers of {sum(rest)} bytes (this lab reads at most {limit})", ban=False)
             reserved += self._reserve(sum(rest))
+            if pace is not None:
+                pace.charge(self.volunteer, sum(rest))
             for n in rest:
                 frames.append(await read_bytes_rw(stream, n))
         except Refused as e:
@@ -665,10 +717,11 @@ def install_scheduler_side(scheduler, admission) -> None:
     for op, handler in ((rpc.LINK_ENDPOINTS, link_endpoints), (rpc.REFUSE_VOLUNTEER, refuse_volunteer)):
         scheduler.handlers[op] = _authorized(op, handler, admission.volunteer_call)
     set_refusal_handler(admission.refuse_volunteer)
-    global _told_when_shut_out
+    global _told_when_shut_out, _read_rate
     from scheduler_plugins.admission import SHUT_OUT_TOLD
 
     _told_when_shut_out = SHUT_OUT_TOLD
+    _read_rate = scheduler_read_rate()
     scheduler.add_plugin(StreamInterval())
     silent = SilentVolunteers(scheduler, admission)
     scheduler.periodic_callbacks["goblin-silent-volunteers"] = silent.callback

@@ -12,9 +12,12 @@ volunteers a ``volunteer`` one.  The role, not anything the worker claims, decid
 resources: volunteers get ``goblin-volunteer`` slots, the lab worker ``goblin-lab``;
 scheduling by these resources is what keeps non-catalog work off volunteers.
 
-A volunteer's calls are also budgeted (:class:`CallBudget`): a few a second are what an honest agent
-makes (heartbeats, its status), so a flood of them is refused before any handler runs, and a volunteer
-that keeps flooding is banned; ``who_has`` must name its keys, at most :data:`VOLUNTEER_WHO_HAS_KEYS`
+A volunteer's calls are also budgeted (:class:`CallBudget`), by what they cost (:func:`call_cost`: one call
+plus the keys they name): a few a second are what an honest agent makes (heartbeats, its status), so a flood
+of them is refused before any handler runs, and a volunteer that keeps flooding is banned (the stream
+messages that report on no task spend the same budget: :mod:`scheduler_plugins.stream_guard`; how fast the
+scheduler reads a volunteer's bytes at all: :class:`goblin_dask.link.ReadRate`); ``who_has`` must name its
+keys, at most :data:`VOLUNTEER_WHO_HAS_KEYS`
 (without keys it would answer with every key of the lab and who holds it, at the cost of a scan).
 """
 
@@ -50,11 +53,18 @@ VOLUNTEER_CALL_BURST = 500
 VOLUNTEER_FLOOD_BAN = 1000
 #: The most keys a volunteer may ask ``who_has`` about in one call.
 VOLUNTEER_WHO_HAS_KEYS = 10_000
+#: What a call or stream message costs from the budget beyond its one call (:func:`call_cost`): one call's
+#: worth per this many keys it names, and per this many bytes of their text.  The budget counted calls alone
+#: before: 10 credentials each asking ``who_has`` about 10,000 keys of 100 characters stayed under it and
+#: slowed a researcher's one-task job from 7 ms to over a second (issue 29).
+VOLUNTEER_KEYS_PER_CALL = 100
+VOLUNTEER_KEY_BYTES_PER_CALL = 16 * 2**10
 #: What a joining volunteer may claim: at most this many task threads, and a memory limit (when it sets
-#: one) of at least this many bytes.  The lab sizes every product's tiles from the volunteers' claims
+#: one) of at least this many bytes, and of at least ``goblin.admission.min-memory-per-thread`` per thread.
+#: The lab sizes every product's tiles from the volunteers' claims
 #: (:func:`goblin_dask.array.linalg.volunteer_capacity`: the smallest memory per thread, the threads in
-#: all), so one volunteer claiming a million threads or a few bytes would cut every product of the lab
-#: into its smallest tiles (tens of thousands of tasks).
+#: all), so one volunteer claiming a million threads or a few bytes per thread would cut every product of
+#: the lab into tiles so small that the lab computes them itself (issue 29: 256 threads in 64 MiB).
 VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
 #: A volunteer's registration is stale after this many of distributed's heartbeat intervals without one
@@ -87,12 +97,31 @@ RESEARCHER_HANDLERS = frozenset({
 })
 
 
+def call_cost(keys: Any = ()) -> float:
+    """What a volunteer's call or stream message costs from its :class:`CallBudget`: one call, plus one per
+    :data:`VOLUNTEER_KEYS_PER_CALL` keys in ``keys`` and one per :data:`VOLUNTEER_KEY_BYTES_PER_CALL` bytes of
+    their text (a key is a string or a tuple of strings and numbers; the handler's work grows with both)."""
+    if not isinstance(keys, (list, tuple)):
+        return 1.0
+    text = 0
+    for key in keys:
+        if isinstance(key, (str, bytes)):
+            text += len(key)
+        elif isinstance(key, (list, tuple)):
+            text += sum(len(part) if isinstance(part, (str, bytes)) else 8 for part in key)
+        else:
+            text += 8
+    return 1.0 + len(keys) / VOLUNTEER_KEYS_PER_CALL + text / VOLUNTEER_KEY_BYTES_PER_CALL
+
+
 class CallBudget:
     """A token bucket per volunteer name: what a flood of calls costs the scheduler is bounded.
 
-    ``spend(name)`` takes one call from ``name``'s bucket (``burst`` calls, refilled at ``rate`` a second):
-    False when it is empty, and ``refused[name]`` counts those.  Names are those of admitted credentials
-    (the lab's CA signed them), so the table grows with the volunteers enrolled, not with what they send.
+    ``spend(name, cost)`` takes ``cost`` calls' worth (:func:`call_cost`) from ``name``'s bucket (``burst``
+    calls, refilled at ``rate`` a second): False, and nothing taken, when less than one call is left, and
+    ``refused[name]`` counts those.  A costly call may leave the bucket in debt: it runs, and the calls after it
+    wait until the debt is paid back.  Names are those of admitted credentials (the lab's CA signed them), so
+    the table grows with the volunteers enrolled, not with what they send.
     """
 
     def __init__(self, rate: float = VOLUNTEER_CALLS_PER_SECOND, burst: int = VOLUNTEER_CALL_BURST,
@@ -101,12 +130,12 @@ class CallBudget:
         self.tokens: dict[str, tuple[float, float]] = {}  # name -> (tokens, when counted)
         self.refused: dict[str, int] = {}
 
-    def spend(self, name: str) -> bool:
+    def spend(self, name: str, cost: float = 1.0) -> bool:
         now = self.clock()
         tokens, then = self.tokens.get(name, (self.burst, now))
         tokens = min(self.burst, tokens + (now - then) * self.rate)
         if tokens >= 1.0:
-            self.tokens[name] = (tokens - 1.0, now)
+            self.tokens[name] = (tokens - max(1.0, float(cost)), now)
             return True
         self.tokens[name] = (tokens, now)
         self.refused[name] = self.refused.get(name, 0) + 1
@@ -292,18 +321,26 @@ class AdmissionPlugin(SchedulerPlugin):
         ``goblin_check_credential``)."""
         if self.is_shut_out(name) and op not in SHUT_OUT_TOLD:
             raise PermissionError(f"goblin lab node: volunteer {name} is banned or revoked: '{op}' refused")
-        if not self.calls.spend(name):
-            refused = self.calls.refused[name]
-            if refused == VOLUNTEER_FLOOD_BAN:
-                self.ban(name, f"flooded the lab node: {refused} calls over its budget of "
-                               f"{VOLUNTEER_CALLS_PER_SECOND:g} a second (last: {op!r})")
+        keys = msg.get("keys") if op == "who_has" else ()
+        named = isinstance(keys, (list, tuple)) and len(keys) <= VOLUNTEER_WHO_HAS_KEYS
+        if not self.within_budget(name, op, call_cost(keys) if named else 1.0):
             raise PermissionError(f"goblin lab node: volunteer {name} called '{op}' over its budget of "
-                                  f"{VOLUNTEER_CALLS_PER_SECOND:g} calls a second")
-        if op == "who_has":
-            keys = msg.get("keys")
-            if not isinstance(keys, (list, tuple)) or len(keys) > VOLUNTEER_WHO_HAS_KEYS:
-                raise PermissionError(f"goblin lab node: a volunteer's 'who_has' names a list of at most "
-                                      f"{VOLUNTEER_WHO_HAS_KEYS} keys")
+                                  f"{VOLUNTEER_CALLS_PER_SECOND:g} calls a second (a call naming keys costs one "
+                                  f"more per {VOLUNTEER_KEYS_PER_CALL} of them)")
+        if not named:  # without keys, who_has answers with every key of the lab
+            raise PermissionError(f"goblin lab node: a volunteer's 'who_has' names a list of at most "
+                                  f"{VOLUNTEER_WHO_HAS_KEYS} keys")
+
+    def within_budget(self, name: str, op: Any, cost: float) -> bool:
+        """Spend ``cost`` from volunteer ``name``'s :class:`CallBudget` for a call or stream message ``op``;
+        False when it is over its budget (a volunteer over it :data:`VOLUNTEER_FLOOD_BAN` times is banned)."""
+        if self.calls.spend(name, cost):
+            return True
+        refused = self.calls.refused[name]
+        if refused == VOLUNTEER_FLOOD_BAN:
+            self.ban(name, f"flooded the lab node: {refused} calls over its budget of "
+                           f"{VOLUNTEER_CALLS_PER_SECOND:g} a second (last: {str(op)[:80]!r})")
+        return False
 
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
@@ -361,8 +398,19 @@ class AdmissionPlugin(SchedulerPlugin):
         self.names.pop(worker, None)
 
 
+def min_memory_per_thread() -> int:
+    """``goblin.admission.min-memory-per-thread`` in bytes: the least memory per task thread a volunteer may claim."""
+    import dask.utils
+
+    from goblin_dask import settings
+
+    value = settings.get("goblin.admission.min-memory-per-thread")
+    return int(dask.utils.parse_bytes(value) if isinstance(value, str) else value or 0)
+
+
 def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
-    """CredentialError unless a joining volunteer's threads and memory limit are ones a machine has."""
+    """CredentialError unless a joining volunteer's threads and memory limit are ones a machine has, and give
+    each thread at least ``goblin.admission.min-memory-per-thread`` (the floor of every product's tile budget)."""
     if isinstance(nthreads, bool) or not isinstance(nthreads, int) or not 1 <= nthreads <= VOLUNTEER_MAX_THREADS:
         raise CredentialError(f"it claims {str(nthreads)[:40]!r} task threads (1 to {VOLUNTEER_MAX_THREADS})")
     if memory_limit is None or memory_limit == 0:  # no limit: the lab assumes the default volunteer's
@@ -371,6 +419,12 @@ def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
             or not VOLUNTEER_MIN_MEMORY <= memory_limit < float("inf"):
         raise CredentialError(f"it claims a memory limit of {str(memory_limit)[:40]!r} bytes "
                               f"(at least {VOLUNTEER_MIN_MEMORY}, or none)")
+    floor = min_memory_per_thread()
+    if memory_limit < floor * nthreads:
+        raise CredentialError(
+            f"it claims {nthreads} task threads in a memory limit of {int(memory_limit)} bytes, "
+            f"{int(memory_limit // nthreads)} per thread: goblin.admission.min-memory-per-thread is {floor} "
+            f"(lower --nthreads or raise --memory-limit)")
 
 
 def _role_may_call(role: str | None, op: str) -> bool:

@@ -256,6 +256,8 @@ class ExposurePlugin(SchedulerPlugin):
         self.pinned: dict[Any, str] = {}
         #: volunteer address -> keys pinned to it (the index of ``pinned``: no scan of every pinned key per task)
         self.pinned_keys: dict[str, set] = defaultdict(set)
+        #: processing tasks to pin again once released (:meth:`replan_when_released`)
+        self.to_replan: set = set()
 
     # -- configuration ------------------------------------------------------------
     @staticmethod
@@ -400,6 +402,23 @@ class ExposurePlugin(SchedulerPlugin):
         ts.loose_restrictions = False
         return True
 
+    def replan_when_released(self, key) -> None:
+        """Once processing task ``key`` is released (reissued at its deadline), :meth:`replan` it before it
+        is placed again (its resources may change only while it holds none)."""
+        if self.max_exposure() is not None:
+            self.to_replan.add(key)
+
+    def replan(self, ts) -> None:
+        """Pin ``ts`` again within max-exposure, among the volunteers its restrictions allow now, or the lab
+        computes it: for a task placed again outside ``update_graph`` (reissued at its deadline), whose new
+        restriction replaced its pin (issue 29: one volunteer reached 0.75 of an array under a 0.5 cap)."""
+        cap = self.max_exposure()
+        if cap is None or ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1} or not isinstance(ts.run_spec, CatalogTask):
+            return
+        needs = self.needs(ts)
+        if needs:
+            self.plan(ts, needs, cap)
+
     def keep_on_lab(self, ts, why: str) -> None:
         """The lab computes ``ts`` itself: its check task runs the op, the volunteer task becomes a no-op."""
         from goblin_dask.validation.checks import UNVERIFIED_PREFIX
@@ -441,6 +460,10 @@ class ExposurePlugin(SchedulerPlugin):
     # -- the account ---------------------------------------------------------------
     def transition(self, key, start, finish, *args, worker: str | None = None, **kwargs) -> None:
         ts = self.scheduler.tasks.get(key)
+        if start == "processing" and key in self.to_replan:
+            self.to_replan.discard(key)
+            if finish == "released" and ts is not None:  # before released -> waiting places it again
+                self.replan(ts)
         if finish == "processing" and ts is not None and ts.processing_on is not None:
             self.record(ts, ts.processing_on.address)
         elif start == "processing" and finish == "memory" and worker and ts is not None:

@@ -47,10 +47,11 @@ from typing import Any
 from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.node import rpc
 from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
 from goblin_dask.tls import peer_identity
 from goblin_dask.validation.checks import as_key
-from scheduler_plugins.admission import AdmissionPlugin
+from scheduler_plugins.admission import AdmissionPlugin, call_cost
 
 logger = logging.getLogger("goblin_dask.stream_guard")
 
@@ -66,6 +67,10 @@ WORKER_STREAM_OPS = frozenset({
     "log-event", "worker-status-change", "request-refresh-who-has", "steal-response",
     HINT_OP,  # goblin's own (a volunteer's cache hint); no client may send it either
 })
+#: Stream messages that report on no task the scheduler gave the volunteer, so nothing bounds how many it
+#: sends but its :class:`~scheduler_plugins.admission.CallBudget` (the one its calls spend, by
+#: :func:`~scheduler_plugins.admission.call_cost`: one call plus one per 100 keys); over it they are dropped.
+BUDGETED_STREAM_OPS = frozenset({"keep-alive", "log-event", "request-refresh-who-has", HINT_OP})
 #: Statuses a volunteer may report for itself (``closing``: an honest worker says so when it stops).
 VOLUNTEER_STATUSES = frozenset({"running", "paused", "closing", "closing_gracefully", "closed"})
 #: Event topics an honest worker logs besides its own address (distributed's worker and state machine).
@@ -95,6 +100,8 @@ class StreamGuardPlugin(SchedulerPlugin):
         #: key -> volunteer addresses it was given to (to drop it when it is forgotten)
         self._given_to: dict[Any, set[str]] = {}
         self.refused = 0
+        #: budgeted stream messages dropped over the volunteer's call budget (:data:`BUDGETED_STREAM_OPS`)
+        self.over_budget = 0
         self._handle_stream = scheduler.handle_stream
         scheduler.handle_stream = self.handle_stream
 
@@ -113,9 +120,21 @@ class StreamGuardPlugin(SchedulerPlugin):
             for msg in msgs:
                 if isinstance(msg, dict) and msg.get("op") == "compute-task":
                     self._give(worker, msg.get("key"), msg.get("run_id"))
+                    self._may_fetch(worker, msg.get("who_has") or {})
             return send(*msgs)
 
         bsend.send = recording_send
+
+    def _may_fetch(self, worker: str, inputs: dict) -> None:
+        """Tell the lab workers that volunteer ``worker`` may fetch the inputs of the task it is being given
+        (a lab worker answers a volunteer's ``get_data`` of nothing else: :mod:`goblin_dask.node.lab_worker`)."""
+        if not inputs:
+            return
+        msg = {"op": rpc.MAY_FETCH, "volunteer": self.admission.names.get(worker, worker), "keys": list(inputs)}
+        for lab in self.admission.lab_workers():
+            stream = self.scheduler.stream_comms.get(lab)
+            if stream is not None:
+                stream.send(msg)
 
     def _give(self, worker: str, key: Any, run_id: Any) -> None:
         given = self.given.get(worker)
@@ -248,10 +267,21 @@ class StreamGuardPlugin(SchedulerPlugin):
             raise Refused("no such stream handler on this node")
         if "worker" in msg and msg["worker"] != worker:
             raise Refused(f"it names another worker ({_text(msg['worker'])})")
+        if op in BUDGETED_STREAM_OPS and not self._within_budget(worker, op, msg):
+            self.over_budget += 1
+            return None
         out = {**msg, "worker": worker}
         if "key" in out:
             out["key"] = as_key(out["key"])
         return getattr(self, "_" + op.replace("-", "_"))(worker, out)
+
+    def _within_budget(self, worker: str, op: str, msg: dict) -> bool:
+        """Spend what ``msg`` costs from the volunteer's call budget (its keys: the handler's work)."""
+        if op == HINT_OP:
+            keys = [*_listed(msg.get("add")), *_listed(msg.get("remove"))]
+        else:
+            keys = _listed(msg.get("keys")) if op == "request-refresh-who-has" else ()
+        return self.admission.within_budget(self.admission.names.get(worker, worker), op, call_cost(keys))
 
     def _known(self, key: Any) -> bool:
         try:
@@ -354,6 +384,10 @@ class StreamGuardPlugin(SchedulerPlugin):
                 raise Refused(f"a cache hint naming {_text(bad, 120)}, not a block of the lab's data")
             out[field] = keys
         return out
+
+
+def _listed(value: Any) -> list | tuple:
+    return value if isinstance(value, (list, tuple)) else ()
 
 
 def _plain(value: Any, depth: int = 0) -> bool:

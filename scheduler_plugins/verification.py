@@ -435,8 +435,11 @@ class VerificationLedger(SchedulerPlugin):
                 continue
             name = self.admission.names.get(addr, addr)
             moved = 0
+            exposure = self.scheduler.plugins.get("goblin-exposure")
             for ts in held:
                 if self._restrict(ts, self.replicas.get(ts.key, frozenset()) | {name}):
+                    if exposure is not None:  # within max-exposure still, or on the lab worker
+                        exposure.replan_when_released(ts.key)
                     self.scheduler._reschedule(ts.key, worker=addr, stimulus_id=f"goblin-deadline-{now}")
                     moved += 1
             if moved:
@@ -476,6 +479,8 @@ class VerificationLedger(SchedulerPlugin):
             + [{"kind": "banned", "volunteer": b["name"], "reason": b["reason"]} for b in self._bans()],
             # each ban ({"name", "reason", "time"}): rejected results, refused stream messages, the lab's refusals
             "bans": self._bans(),
+            # {volunteer: calls and stream messages refused over its call budget} (admission.CallBudget)
+            "over_budget": dict(calls.refused) if (calls := getattr(self.admission, "calls", None)) else {},
             # the latest rejected results, with the reason
             "rejections": [dict(r) for r in self.rejections],
             # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)

@@ -16,6 +16,8 @@ without ``--trigger``):
   run id is unknown, so it sprays them: each wrong guess makes the scheduler rerun KEY with
   the next run id, two guesses on it catches up);
 * ``pause-lab-worker``: ``worker-status-change`` to ``paused`` naming the lab worker;
+* ``refresh-flood``: ``request-refresh-who-has`` messages naming 2,000 keys of 100 characters each, 40 of
+  them at once (nothing but its call budget bounds how many a volunteer sends);
 * ``foreign-task-finished``: puts a number of its own under KEY and sprays ``task-finished``
   for KEY (a task it was never given): on a plain scheduler it becomes one of KEY's holders.
 
@@ -23,6 +25,9 @@ Task attack ``bounce``: every ``compute-task`` is answered with ``reschedule`` (
 elsewhere") at once, nothing computed; on a plain scheduler the same idle-looking volunteer gets it again.
 Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never started; of the others, the
 newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
+
+Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
+(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly.
 
 Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
 float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
@@ -38,9 +43,12 @@ import sys
 
 import numpy as np
 
-STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished")
+STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreign-task-finished", "refresh-flood")
+#: ``refresh-flood``: this many ``request-refresh-who-has`` messages, each of FLOOD_KEYS keys of 100 characters.
+FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold")
+CLAIM_ATTACKS = ("claim",)
 #: The number a stealing volunteer puts under the key.
 FAKE = -12345.0
 SPRAY = 4000
@@ -52,9 +60,10 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     from tests.agent_options import take_options
 
     opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
-                                     "keep": "4", "every": "1.0"})
-    if opts["attack"] not in STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS:
-        raise SystemExit(f"tests.hostile: --attack must be one of {STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS}")
+                                     "keep": "4", "every": "1.0", "claim-memory": None})
+    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS
+    if opts["attack"] not in kinds:
+        raise SystemExit(f"tests.hostile: --attack must be one of {kinds}")
     return opts, rest
 
 
@@ -87,6 +96,10 @@ def stream_messages(worker, opts: dict) -> list[dict]:
         return [{"op": "task-finished", "key": key, "run_id": 2 * i, "worker": lab, "nbytes": 8, "type": None,
                  "typename": "float", "metadata": metadata, "thread": None, "startstops": [],
                  "stimulus_id": f"hostile-forge-{i}"} for i in range(SPRAY)]
+    if kind == "refresh-flood":
+        keys = [f"{i:0100d}" for i in range(FLOOD_KEYS)]
+        return [{"op": "request-refresh-who-has", "keys": keys, "stimulus_id": f"hostile-refresh-{i}"}
+                for i in range(FLOOD_MESSAGES)]
     if kind == "foreign-task-finished":
         worker.data[key] = np.float64(FAKE)
         return [{"op": "task-finished", "key": key, "run_id": i, "nbytes": 8, "type": None, "typename": "float64",
@@ -107,6 +120,20 @@ def main(argv: list[str]) -> None:
             return wrong_result(kind, honest_call(self, *args, **params))
 
         OpSpec.__call__ = hostile_call
+    elif kind in CLAIM_ATTACKS:
+        from goblin_dask.volunteer import worker  # where the agent looks its worker class up
+
+        honest_class, claim = worker.volunteer_worker_class, int(opts["claim-memory"])
+
+        def claiming_class():
+            class ClaimingWorker(honest_class()):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    self.memory_manager.memory_limit = claim  # what register-worker tells the lab
+
+            return ClaimingWorker
+
+        worker.volunteer_worker_class = claiming_class
     elif kind in TASK_ATTACKS:
         from distributed.worker_state_machine import ComputeTaskEvent
 

@@ -126,7 +126,22 @@ def test_what_a_registering_volunteer_may_claim(nthreads, memory_limit):
 def test_what_an_honest_volunteer_claims_passes():
     from scheduler_plugins.admission import VOLUNTEER_MAX_THREADS, _check_volunteer_claims
 
-    for nthreads, memory_limit in ((1, None), (1, 0), (VOLUNTEER_MAX_THREADS, 2**36), (8, 64 * 2**20), (2, 1.5e9)):
+    for nthreads, memory_limit in ((1, None), (1, 0), (VOLUNTEER_MAX_THREADS, 2**36), (8, 2**31), (1, 256 * 2**20),
+                                   (2, 1.5e9)):
+        _check_volunteer_claims(nthreads, memory_limit)
+
+
+@pytest.mark.parametrize("nthreads, memory_limit", [(256, 64 * 2**20), (8, 2**31 - 1), (1, 256 * 2**20 - 1)])
+def test_a_claim_of_less_memory_per_thread_than_the_setting_is_refused_naming_it(nthreads, memory_limit):
+    """Issue 29: 256 threads in 64 MiB cut every product into tiles the lab computed itself."""
+    import dask
+
+    from goblin_dask.credentials import CredentialError
+    from scheduler_plugins.admission import _check_volunteer_claims
+
+    with pytest.raises(CredentialError, match="goblin.admission.min-memory-per-thread is 268435456 .*--nthreads"):
+        _check_volunteer_claims(nthreads, memory_limit)
+    with dask.config.set({"goblin.admission.min-memory-per-thread": "128KiB"}):  # a lab that allows less
         _check_volunteer_claims(nthreads, memory_limit)
 
 
@@ -277,3 +292,20 @@ def test_the_call_budget_passes_a_burst_refills_at_its_rate_and_counts_refusals(
     now[0] += 60.0  # never more than the burst, however long it waited
     assert sum(budget.spend("v1") for _ in range(10)) == 5
     assert budget.refused["v1"] == 8
+
+
+def test_a_costly_call_leaves_the_budget_in_debt_until_it_is_paid_back():
+    """Issue 29: calls are charged what they cost (:func:`call_cost`: keys named, their text), not one each."""
+    from scheduler_plugins.admission import CallBudget, call_cost
+
+    assert call_cost() == call_cost(["k"] * 0) == 1.0 and call_cost("not a list") == 1.0
+    assert call_cost([f"{i:0100d}" for i in range(10_000)]) == pytest.approx(1 + 100 + 10_000 * 100 / 16384)
+    assert call_cost([("x" * 100, 1, 2)] * 100) == pytest.approx(1 + 1 + 100 * 116 / 16384)
+    now = [0.0]
+    budget = CallBudget(rate=10.0, burst=5, clock=lambda: now[0])
+    assert budget.spend("v", cost=12.0)  # one call's worth was there: it runs, 7 in debt
+    assert not budget.spend("v") and not budget.spend("v", cost=0.5)  # nothing until the debt is paid back
+    now[0] += 0.75  # 7.5 refilled: 0.5 left, under one call
+    assert not budget.spend("v")
+    now[0] += 0.05
+    assert budget.spend("v") and budget.refused == {"v": 3}

@@ -197,3 +197,34 @@ def test_max_exposure_spreads_blocks_over_volunteers(tmp_path, monkeypatch):
         assert 0 < arrays[aid] <= 0.6 + 1e-12, exposure
         assert report["volunteers"][name]["rejected"] == 0
     assert report["accepted"] >= 2
+
+
+def test_a_task_reissued_at_its_deadline_stays_within_max_exposure(tmp_path, monkeypatch):
+    """Issue 29: a deadline reissue restricted the task to every other volunteer, replacing the exposure plan's
+    pin, so the volunteer left took the holder's blocks too (0.75 of an array under a 0.5 cap).  Now the
+    reissued task is pinned again within the cap, or the lab computes it."""
+    import dask
+
+    import goblin_dask.array as ga
+    from goblin_dask.array.sources import lab_arrays
+    from goblin_dask.node.local import LabNode
+
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((512, 256))
+    cap = 0.5
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")
+    with dask.config.set({"goblin.minimization.max-exposure": cap, "goblin.verification.deadline": 2.0}), \
+            LabNode.local(volunteers=1, state_dir=tmp_path / "lab", dashboard=False) as node, \
+            node.client.as_current():
+        [honest] = node.volunteer_names()
+        holder = node.add_volunteer(module="tests.hostile", extra_args=("--attack", "hold", "--keep", "64"))
+        x = ga.from_array(a, chunks=128)
+        (aid,) = lab_arrays(x)
+        got = dask.compute(x.T @ x)[0]
+        report = node.report()
+    np.testing.assert_allclose(got, a.T @ a, rtol=1e-10, atol=1e-9)
+    assert report["reissued"] >= 1 and report["volunteers"][holder]["late"] >= 1, report["volunteers"]
+    exposure = report["exposure"]
+    assert exposure.get(holder, {}).get(aid, 0) > 0, exposure  # it was given blocks (and held them)
+    for name, arrays in exposure.items():
+        assert arrays[aid] <= cap + 1e-12, exposure

@@ -283,6 +283,100 @@ def test_a_volunteer_asks_who_has_only_about_named_keys(node):
     assert not _banned(node, name)
 
 
+def test_a_volunteers_calls_are_charged_by_the_keys_they_name(node):
+    """Issue 29: the budget counted calls, not their cost: 10 credentials each asking ``who_has`` about 10,000
+    keys of 100 characters stayed under 50 calls a second and slowed a researcher's one-task job from 7 ms to
+    over a second.  Now such a call costs one call plus one per 100 keys and per 16 KiB of their text (about
+    160 calls): after a handful the volunteer is over its budget until it has paid them back; not banned."""
+    from scheduler_plugins.admission import VOLUNTEER_CALL_BURST, call_cost
+
+    name, security = _volunteer(node)
+    keys = [f"{i:0100d}" for i in range(10_000)]
+    assert call_cost(keys) > 150
+    answers = node.client.sync(_calls, node.address, security, {"op": "who_has", "keys": keys, "reply": True}, 8)
+    passed = answers.count("ok")
+    assert 1 <= passed <= VOLUNTEER_CALL_BURST / call_cost(keys) + 2, answers  # 8 on main: 8 calls of 500
+    assert all(a.startswith("refused") and "over its budget" in a for a in answers[passed:]), answers
+    assert node.report()["over_budget"].get(name) == len(answers) - passed
+    assert not _banned(node, name)
+    # cheap calls are charged one each: a burst of them passes, as before
+    _, other = _volunteer(node)
+    assert node.client.sync(_calls, node.address, other, {"op": "who_has", "keys": ["x"], "reply": True},
+                            100) == ["ok"] * 100
+
+
+def test_the_read_rate_waits_for_a_volunteer_in_debt_and_refills():
+    from goblin_dask.link import ReadRate
+
+    now = [0.0]
+    pace = ReadRate(rate=100.0, burst=800.0, clock=lambda: now[0])
+    assert pace.delay("v") == 0.0
+    pace.charge("v", 1000)  # a message larger than the burst is read, then paid back
+    assert pace.delay("v") == pytest.approx(2.0) and pace.delay("w") == 0.0  # each volunteer its own bucket
+    now[0] += 1.5
+    assert pace.delay("v") == pytest.approx(0.5)
+    now[0] += 100.0  # never more than the burst
+    pace.charge("v", 800)
+    assert pace.delay("v") == 0.0
+    pace.charge("v", 1)
+    assert pace.delay("v") == pytest.approx(0.01)
+
+
+def test_the_scheduler_reads_nothing_more_of_a_volunteer_over_its_read_rate(tmp_path):
+    """Issue 29: a refusal after the message was read and decoded is no defence against messages that are
+    costly to read (10 credentials sending ``who_has`` with 10,000 keys of 100 characters: a researcher's
+    one-task job went from 7 ms to over a second, refused or not).  The scheduler reads each volunteer at
+    ``goblin.link.scheduler-read-rate``; one in debt waits, on every connection, while others are answered."""
+    import dask
+
+    from goblin_dask.node import rpc
+
+    async def body(address, greedy, other) -> tuple[str, str, bool]:
+        keys = [f"{i:0100d}" for i in range(10_000)]  # 1 MB: 1000 s of a 1 KB/s rate
+        first = await _calls(address, greedy, {"op": "who_has", "keys": keys, "reply": True}, 1)
+        waiting = asyncio.ensure_future(_calls(address, greedy, {"op": rpc.VOLUNTEER_STATUS, "reply": True}, 1))
+        answered = await _calls(address, other, {"op": rpc.VOLUNTEER_STATUS, "reply": True}, 1)
+        await asyncio.sleep(2.0)  # the other volunteer was answered meanwhile; this one still waits its turn
+        pending = not waiting.done()
+        waiting.cancel()
+        return first[0], answered[0], pending
+
+    with dask.config.set({"goblin.link.scheduler-read-rate": 1024}), \
+            LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node:
+        (_, greedy), (_, other) = _volunteer(node), _volunteer(node)
+        first, answered, pending = node.client.sync(body, node.address, greedy, other)
+    assert first == "ok"  # within its burst (8 KB) it was read, then charged: about 1000 s of debt
+    assert answered == "ok" and pending
+
+
+def test_a_volunteer_fetches_from_the_lab_worker_only_the_inputs_of_its_own_tasks(tmp_path):
+    """Issue 29: any volunteer certificate could call any lab worker handler (``get_data`` of any key, the
+    whole key list, ``update_data``).  Now a volunteer's connection to a lab worker may call ``get_data`` only,
+    of the inputs of tasks the scheduler gave it; the honest volunteers still compute (numpy's numbers)."""
+    import operator
+
+    with LabNode.local(volunteers=1, state_dir=tmp_path / "lab", dashboard=False) as node:
+        held = node.client.submit(operator.add, 40, 2, pure=False)  # a researcher's result, on the lab worker
+        assert held.result() == 42
+        _, security = _volunteer(node)
+        lab = node.lab_worker_address()
+        listed, fetched, stored = [node.client.sync(_calls, lab, security, msg, 1)[0] for msg in (
+            {"op": "keys", "reply": True},
+            {"op": "get_data", "keys": [held.key], "who": None, "reply": True},
+            {"op": "update_data", "data": {"planted": 1.0}, "reply": True})]
+        assert listed.startswith("refused") and "'keys' is not allowed for volunteer" in listed, listed
+        assert stored.startswith("refused") and "'update_data' is not allowed" in stored, stored
+        assert fetched.startswith("refused") and "only the inputs of its own tasks" in fetched, fetched
+        assert held.result() == 42
+        before = node.report()["accepted"]
+        rng = np.random.default_rng(8)
+        a, b = rng.standard_normal((600, 400)), rng.standard_normal((400, 500))
+        with node.client.as_current():  # the honest volunteer fetches its inputs and computes
+            got = (ga.from_array(a, chunks=200) @ ga.from_array(b, chunks=(200, 250))).compute()
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-10)
+        assert node.report()["accepted"] > before
+
+
 # -- volunteers behind NAT -------------------------------------------------------------------------
 
 def _listening(pid: int) -> list:

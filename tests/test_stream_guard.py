@@ -161,6 +161,26 @@ def test_a_result_of_the_wrong_form_is_rejected(grid, attack):
     _honest_not_banned(grid, honest)
 
 
+def test_a_flood_of_refresh_requests_is_charged_by_its_keys_and_dropped_over_the_budget(grid, tmp_path):
+    """Issue 29: worker-stream messages that report on no task (``request-refresh-who-has`` with any number of
+    keys, ``goblin-cached``, ``keep-alive``) were budgeted nowhere.  Now each costs one call plus one per 100
+    keys (and per 16 KiB of their text) from the volunteer's call budget: of 40 messages of 2,000 keys of 100
+    characters (33 calls each, a burst of 500) about 15 pass, the rest are dropped (each counted), without a
+    ban (a flood, not yet a ban), and the grid computes on."""
+    from tests.hostile import FLOOD_MESSAGES
+
+    honest = grid.volunteer_names()
+    flooder, trigger = _hostile(grid, "refresh-flood", tmp_path)
+    trigger.touch()
+    wait_for(lambda: grid.report()["over_budget"].get(flooder, 0) > 0, "the flood to be charged to its budget")
+    report = grid.report()
+    assert FLOOD_MESSAGES // 4 <= report["over_budget"][flooder] < FLOOD_MESSAGES, report["over_budget"]
+    assert _ban_of(grid, flooder) is None
+    _product(grid)
+    _honest_not_banned(grid, honest)
+    assert not any(report["over_budget"].get(name) for name in honest), report["over_budget"]
+
+
 def test_an_honest_volunteer_that_stops_is_not_banned(grid):
     name = grid.add_volunteer()
     _product(grid)

@@ -283,13 +283,25 @@ def matmul_add(a: Any, b: Any, bias: Any) -> Array:
 
 
 def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
+    """``a @ b`` (2-d), cut into tiles for the volunteers' memory and threads.
+
+    The threads are claims (one volunteer may claim up to 256): a product is cut into more tiles for them
+    only as far as its tiles stay ones volunteers are given (:func:`_lab_product`), never so fine that the
+    lab would compute every tile itself (issue 29: one volunteer claiming 256 threads moved all work to the
+    lab).  The memory per thread is bounded below by ``goblin.admission.min-memory-per-thread``."""
     (m, k), n = a.shape, b.shape[1]
     dtype = get("matmul").abstract_eval(a.aval, b.aval).dtype
     budget, workers = volunteer_capacity()
     workers = max(1, math.ceil(workers / _CONCURRENT.get()))  # the threads this product alone must keep busy
     frac = float(settings.get("goblin.product.memory-fraction"))
-    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
+    limits = share_limits(a, b)
+    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits)
     lab = _lab_product(a, b, bm, bk, bn)
+    while lab and workers > 1:  # cut for the threads only while volunteers still get the tiles (below)
+        workers = max(1, workers // 2)
+        fewer = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits)
+        if not _lab_product(a, b, *fewer):
+            (bm, bk, bn), lab = fewer, False
     if lab:  # no volunteer would see a tile: the lab's own blocks, neither max-share nor a volunteer's memory
         bm, bk, bn = _lab_blocks(m, k, n, dtype.itemsize, budget * frac)
     elif bias is not None and not _within_share(bias, bn):  # a task would hold too much of a large lab bias

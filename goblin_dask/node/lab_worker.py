@@ -6,6 +6,7 @@ this module imports ``distributed``'s worker: only the lab worker's process does
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -24,12 +25,21 @@ from goblin_dask import link
 from goblin_dask.node import rpc
 from goblin_dask.node.process import close_on_signals, no_spilling
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, LAB_WORKER_NAME
-from goblin_dask.validation.checks import is_unverified_key
+from goblin_dask.validation.checks import as_key, is_unverified_key
 
 logger = logging.getLogger("goblin_dask.lab")
 
 #: Unverified results whose source the lab worker remembers (their checks read it when they start).
 FETCHED_KEPT = 100_000
+#: The lab worker's handlers a volunteer's connection may call: the inputs of its tasks, nothing else (not
+#: ``keys``, ``update_data``, ``free_keys``, ``terminate``, ``get_logs``, ...).
+VOLUNTEER_LAB_HANDLERS = frozenset({"get_data"})
+#: Per volunteer, the keys of this worker it may fetch (inputs of tasks the scheduler gave it), most recent
+#: last; the oldest are forgotten beyond this many.
+MAY_FETCH_KEPT = 20_000
+#: Seconds a volunteer's fetch of a key it may not fetch (yet) waits for the scheduler's word that it may:
+#: the task and that word leave the scheduler together, on two streams.
+MAY_FETCH_WAIT = 10.0
 
 
 class LabWorker(Worker):
@@ -44,8 +54,55 @@ class LabWorker(Worker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.goblin_fetched_from: OrderedDict = OrderedDict()
+        #: volunteer name -> keys of this worker it may fetch (:meth:`may_fetch`)
+        self.goblin_may_fetch: dict[str, OrderedDict] = {}
+        self._may_fetch_changed = asyncio.Condition()
         link.tune_worker_stream(self)
         self.stream_handlers[link.SHUT_OUT_OP] = link.shut_out_handler  # the scheduler names banned volunteers
+        self.stream_handlers[rpc.MAY_FETCH] = self.may_fetch
+        for op, handler in list(self.handlers.items()):
+            self.handlers[op] = _volunteers_call_only_their_fetches(op, handler)
+        self.handlers["get_data"] = self.get_data_of_own_tasks  # its signature as distributed's (serializers)
+
+    def may_fetch(self, volunteer: str = "", keys=()) -> None:
+        """The scheduler's word that ``volunteer`` was given tasks whose inputs this worker holds (``keys``)."""
+        allowed = self.goblin_may_fetch.setdefault(str(volunteer), OrderedDict())
+        for key in keys:
+            key = as_key(key)
+            allowed[key] = None
+            allowed.move_to_end(key)
+        while len(allowed) > MAY_FETCH_KEPT:
+            allowed.popitem(last=False)
+
+        async def tell():
+            async with self._may_fetch_changed:
+                self._may_fetch_changed.notify_all()
+
+        self.loop.add_callback(tell)
+
+    async def get_data_of_own_tasks(self, comm, keys=(), who=None, serializers=None):
+        """``get_data``; a volunteer fetches only the inputs of the tasks the scheduler gave it (the lab's
+        other data, the other volunteers' results, ... are refused: max-share and max-exposure are planned
+        per task).  A key it may not fetch yet is waited for, a while (:data:`MAY_FETCH_WAIT`)."""
+        name = getattr(comm, "volunteer", None)
+        if name is not None:
+            def foreign():
+                allowed = self.goblin_may_fetch.get(name, {})
+                try:
+                    return [k for k in keys if as_key(k) not in allowed]
+                except TypeError:  # not a list of keys
+                    return [keys]
+
+            try:
+                async with self._may_fetch_changed:
+                    await asyncio.wait_for(self._may_fetch_changed.wait_for(lambda: not foreign()), MAY_FETCH_WAIT)
+            except asyncio.TimeoutError:
+                bad = foreign()
+                logger.warning("refused volunteer %s's fetch of %d key(s) it was given no task for (%s)", name,
+                               len(bad), str(bad[0])[:120])
+                raise PermissionError(f"goblin lab worker: volunteer {name} may fetch only the inputs of its own "
+                                      f"tasks, not {str(bad[0])[:120]}") from None
+        return await super().get_data(comm, keys=keys, who=who, serializers=serializers)
 
     async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
@@ -65,6 +122,25 @@ class LabWorker(Worker):
             while len(self.goblin_fetched_from) > FETCHED_KEPT:
                 self.goblin_fetched_from.popitem(last=False)
         return event
+
+
+def _volunteers_call_only_their_fetches(op: str, handler):
+    """``handler`` of the lab worker; a volunteer's connection calls only :data:`VOLUNTEER_LAB_HANDLERS`."""
+    import inspect
+
+    expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+
+    async def lab_handler(comm, **msg):
+        if isinstance(comm, link.VolunteerComm) and op not in VOLUNTEER_LAB_HANDLERS:
+            logger.warning("refused '%s' from volunteer %s", op, comm.volunteer)
+            raise PermissionError(f"goblin lab worker: '{op}' is not allowed for volunteer {comm.volunteer}")
+        result = handler(comm, **msg) if expects_comm else handler(**msg)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    lab_handler.__name__ = getattr(handler, "__name__", op)
+    return lab_handler
 
 
 def _warm_up() -> None:

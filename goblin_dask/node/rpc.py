@@ -36,3 +36,6 @@ TRAINING_ROUND = "goblin_training_round"
 STANDBY = "goblin_standby"
 #: The lab process takes a parked connection into use: ``{"op": ACTIVATE}``.
 ACTIVATE = "goblin_activate"
+#: Scheduler -> lab worker stream message: a volunteer was given tasks whose inputs the lab worker holds, and
+#: may fetch them (``{"volunteer": name, "keys": [...]}``; goblin_dask.node.lab_worker).
+MAY_FETCH = "goblin-may-fetch"
