@@ -22,7 +22,10 @@ within ``max-share * |L|`` (the sum, since ``A.T @ A`` sends two panels of the s
 array).  Two ways fit the cap: cutting the inner step ``bk`` (a longer chain, output
 blocks cut only when the steps would get thinner than a quarter of the blocks), or
 cutting only the output blocks along the capped operand (``activations @ weights``: no
-partial sums travel); the one moving fewer elements in no more tasks wins.  The lab node checks every
+partial sums travel); the output cut wins when it moves fewer elements in no more tasks, or in up
+to as many times the chain's tasks as the chain has steps (at most 4x): each chain step uploads a
+partial sum as large as its output block, so a two-step chain has volunteers upload twice the
+result's bytes, over a home's slow direction (:func:`_prefer_output_cut`).  The lab node checks every
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
 every block) are not capped.  A model's parameters (lab arrays of kind ``"parameters"``,
@@ -146,11 +149,33 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     outputs = _output_cut(memory, limits)
     if outputs is None:
         return chain
-    # Cutting the output instead of the inner axis: the same number of tasks or fewer, and less to move
-    # (``activations @ weights`` with the weights capped: no accumulator travelling through a chain).
+    return outputs if _prefer_output_cut(m, k, n, chain, outputs, workers) else chain
+
+
+#: At most this many times a chain's tasks may an output cut have and still be preferred
+#: (:func:`_prefer_output_cut`): its checks' flops grow with its task count.
+OUTPUT_CUT_TASKS = 4
+
+
+def _prefer_output_cut(m: int, k: int, n: int, chain: tuple, outputs: tuple, workers: int) -> bool:
+    """Cut the output (``outputs``: inner axis whole) rather than the inner axis (``chain``)?
+
+    Only when it moves fewer elements.  Then with the same number of tasks or fewer (``activations @
+    weights`` with the weights capped), or with up to s times the chain's tasks for a chain of s steps
+    (at most :data:`OUTPUT_CUT_TASKS` times): each step of a chain but the last uploads a partial sum of
+    its whole output block to the lab (the check reads it there) and the next step downloads it again,
+    so a chain of s steps has the volunteers upload s times the result's bytes, over a home's slow
+    direction, where the output cut uploads the result once (issue 30: the 4096^2 product's two-step
+    chain uploaded twice its result).  The price: more tasks, and checks that project each panel once
+    per output block of its row or column (s times the chain's check flops, when the output cut has s
+    times its tasks).  Far more tasks than that (``A.T @ A`` on one volunteer thread, both panels from
+    one capped array: 8x) keep the chain."""
     tasks = [_tasks(m, k, n, blocks) for blocks in (chain, outputs)]
     moved = [_elements_moved(m, k, n, blocks, workers) for blocks in (chain, outputs)]
-    return outputs if tasks[1] <= tasks[0] and moved[1] < moved[0] else chain
+    if moved[1] >= moved[0]:
+        return False
+    steps = math.ceil(k / chain[1])
+    return tasks[1] <= min(max(steps, 1), OUTPUT_CUT_TASKS) * tasks[0]
 
 
 def _capped(bm: int, bn: int, limits: list) -> int:
