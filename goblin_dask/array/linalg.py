@@ -135,11 +135,14 @@ def concurrent_products(n: int):
 
 
 def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int,
-                   limits: tuple = ()) -> tuple[int, int, int]:
+                   limits: tuple = (), on_volunteers: Any = None) -> tuple[int, int, int]:
     """(bm, bk, bn) for C (m x n) = A (m x k) @ B (k x n) within ``budget`` bytes per task.
 
     ``limits``: ``(in_a, in_b, elements)`` per lab array: a task's ``bm*bk`` (when A may
     hold the array's elements) plus ``bk*bn`` (when B may) stays within ``elements``.
+    ``on_volunteers``: ``blocks -> bool``, would such a tile run on a volunteer (the placement rule)?
+    An output cut whose smaller tiles would stay on the lab is not preferred to a chain whose tiles
+    would not.  None: not asked.
     """
     memory = _memory_blocks(m, k, n, itemsize, budget, workers)
     limits = [(bool(ia), bool(ib), float(el)) for ia, ib, el in limits if ia or ib]
@@ -148,6 +151,8 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     chain = _inner_cut(k, memory, limits)
     outputs = _output_cut(memory, limits)
     if outputs is None:
+        return chain
+    if on_volunteers is not None and on_volunteers(chain) and not on_volunteers(outputs):
         return chain
     return outputs if _prefer_output_cut(m, k, n, chain, outputs, workers) else chain
 
@@ -158,24 +163,25 @@ OUTPUT_CUT_TASKS = 4
 
 
 def _prefer_output_cut(m: int, k: int, n: int, chain: tuple, outputs: tuple, workers: int) -> bool:
-    """Cut the output (``outputs``: inner axis whole) rather than the inner axis (``chain``)?
+    """Cut the output (``outputs``: the inner axis longer, usually whole) rather than the inner axis
+    (``chain``)?
 
     Only when it moves fewer elements.  Then with the same number of tasks or fewer (``activations @
-    weights`` with the weights capped), or with up to s times the chain's tasks for a chain of s steps
-    (at most :data:`OUTPUT_CUT_TASKS` times): each step of a chain but the last uploads a partial sum of
-    its whole output block to the lab (the check reads it there) and the next step downloads it again,
-    so a chain of s steps has the volunteers upload s times the result's bytes, over a home's slow
-    direction, where the output cut uploads the result once (issue 30: the 4096^2 product's two-step
-    chain uploaded twice its result).  The price: more tasks, and checks that project each panel once
-    per output block of its row or column (s times the chain's check flops, when the output cut has s
-    times its tasks).  Far more tasks than that (``A.T @ A`` on one volunteer thread, both panels from
-    one capped array: 8x) keep the chain."""
+    weights`` with the weights capped), or with more tasks in proportion to the uploads it saves, at
+    most :data:`OUTPUT_CUT_TASKS` times the chain's: every step of a chain uploads a partial sum as
+    large as its output block (the lab checks it; the next step downloads it again), so a chain of s
+    steps has the volunteers upload s times the result's bytes, over a home's slow direction (issue 30:
+    the 4096^2 product's two-step chain uploaded twice its result), and an output cut of s' steps
+    s' times; it may have s / s' times the chain's tasks.  The price: checks that project each panel
+    once per output block of its row or column (s / s' times the chain's check flops at most).  Far
+    more tasks than that (``A.T @ A`` on one volunteer thread, both panels from one capped array: 8x)
+    keep the chain."""
     tasks = [_tasks(m, k, n, blocks) for blocks in (chain, outputs)]
     moved = [_elements_moved(m, k, n, blocks, workers) for blocks in (chain, outputs)]
     if moved[1] >= moved[0]:
         return False
-    steps = math.ceil(k / chain[1])
-    return tasks[1] <= min(max(steps, 1), OUTPUT_CUT_TASKS) * tasks[0]
+    uploads = [math.ceil(k / blocks[1]) for blocks in (chain, outputs)]  # times the result's bytes
+    return tasks[1] <= tasks[0] * min(max(uploads[0] / uploads[1], 1), OUTPUT_CUT_TASKS)
 
 
 def _capped(bm: int, bn: int, limits: list) -> int:
@@ -313,7 +319,8 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     budget, workers = volunteer_capacity()
     workers = max(1, math.ceil(workers / _CONCURRENT.get()))  # the threads this product alone must keep busy
     frac = float(settings.get("goblin.product.memory-fraction"))
-    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b))
+    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, share_limits(a, b),
+                                on_volunteers=lambda blocks: not _lab_product(a, b, *blocks))
     lab = _lab_product(a, b, bm, bk, bn)
     if lab:  # no volunteer would see a tile: the lab's own blocks, neither max-share nor a volunteer's memory
         bm, bk, bn = _lab_blocks(m, k, n, dtype.itemsize, budget * frac)
