@@ -22,7 +22,10 @@ within ``max-share * |L|`` (the sum, since ``A.T @ A`` sends two panels of the s
 array).  Two ways fit the cap: cutting the inner step ``bk`` (a longer chain, output
 blocks cut only when the steps would get thinner than a quarter of the blocks), or
 cutting only the output blocks along the capped operand (``activations @ weights``: no
-partial sums travel); the one moving fewer elements in no more tasks wins.  The lab node checks every
+partial sums travel); the output cut wins when it moves fewer elements in no more tasks, or in up
+to as many times the chain's tasks as the chain has steps (at most 4x): each chain step uploads a
+partial sum as large as its output block, so a two-step chain has volunteers upload twice the
+result's bytes, over a home's slow direction (:func:`_prefer_output_cut`).  The lab node checks every
 volunteer task again before dispatch (``scheduler_plugins.exposure``).  Lab arrays of at
 most ``goblin.minimization.small-array`` elements (4096: a vector of means broadcast against
 every block) are not capped.  A model's parameters (lab arrays of kind ``"parameters"``,
@@ -132,11 +135,14 @@ def concurrent_products(n: int):
 
 
 def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers: int,
-                   limits: tuple = ()) -> tuple[int, int, int]:
+                   limits: tuple = (), on_volunteers: Any = None) -> tuple[int, int, int]:
     """(bm, bk, bn) for C (m x n) = A (m x k) @ B (k x n) within ``budget`` bytes per task.
 
     ``limits``: ``(in_a, in_b, elements)`` per lab array: a task's ``bm*bk`` (when A may
     hold the array's elements) plus ``bk*bn`` (when B may) stays within ``elements``.
+    ``on_volunteers``: ``blocks -> bool``, would such a tile run on a volunteer (the placement rule)?
+    An output cut whose smaller tiles would stay on the lab is not preferred to a chain whose tiles
+    would not.  None: not asked.
     """
     memory = _memory_blocks(m, k, n, itemsize, budget, workers)
     limits = [(bool(ia), bool(ib), float(el)) for ia, ib, el in limits if ia or ib]
@@ -146,11 +152,36 @@ def product_blocks(m: int, k: int, n: int, itemsize: int, budget: float, workers
     outputs = _output_cut(memory, limits)
     if outputs is None:
         return chain
-    # Cutting the output instead of the inner axis: the same number of tasks or fewer, and less to move
-    # (``activations @ weights`` with the weights capped: no accumulator travelling through a chain).
+    if on_volunteers is not None and on_volunteers(chain) and not on_volunteers(outputs):
+        return chain
+    return outputs if _prefer_output_cut(m, k, n, chain, outputs, workers) else chain
+
+
+#: At most this many times a chain's tasks may an output cut have and still be preferred
+#: (:func:`_prefer_output_cut`): its checks' flops grow with its task count.
+OUTPUT_CUT_TASKS = 4
+
+
+def _prefer_output_cut(m: int, k: int, n: int, chain: tuple, outputs: tuple, workers: int) -> bool:
+    """Cut the output (``outputs``: the inner axis longer, usually whole) rather than the inner axis
+    (``chain``)?
+
+    Only when it moves fewer elements.  Then with the same number of tasks or fewer (``activations @
+    weights`` with the weights capped), or with more tasks in proportion to the uploads it saves, at
+    most :data:`OUTPUT_CUT_TASKS` times the chain's: every step of a chain uploads a partial sum as
+    large as its output block (the lab checks it; the next step downloads it again), so a chain of s
+    steps has the volunteers upload s times the result's bytes, over a home's slow direction (issue 30:
+    the 4096^2 product's two-step chain uploaded twice its result), and an output cut of s' steps
+    s' times; it may have s / s' times the chain's tasks.  The price: checks that project each panel
+    once per output block of its row or column (s / s' times the chain's check flops at most).  Far
+    more tasks than that (``A.T @ A`` on one volunteer thread, both panels from one capped array: 8x)
+    keep the chain."""
     tasks = [_tasks(m, k, n, blocks) for blocks in (chain, outputs)]
     moved = [_elements_moved(m, k, n, blocks, workers) for blocks in (chain, outputs)]
-    return outputs if tasks[1] <= tasks[0] and moved[1] < moved[0] else chain
+    if moved[1] >= moved[0]:
+        return False
+    uploads = [math.ceil(k / blocks[1]) for blocks in (chain, outputs)]  # times the result's bytes
+    return tasks[1] <= tasks[0] * min(max(uploads[0] / uploads[1], 1), OUTPUT_CUT_TASKS)
 
 
 def _capped(bm: int, bn: int, limits: list) -> int:
@@ -295,11 +326,12 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     workers = max(1, math.ceil(workers / _CONCURRENT.get()))  # the threads this product alone must keep busy
     frac = float(settings.get("goblin.product.memory-fraction"))
     limits = share_limits(a, b)
-    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits)
+    on_volunteers = lambda blocks: not _lab_product(a, b, *blocks)  # noqa: E731
+    bm, bk, bn = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits, on_volunteers=on_volunteers)
     lab = _lab_product(a, b, bm, bk, bn)
     while lab and workers > 1:  # cut for the threads only while volunteers still get the tiles (below)
         workers = max(1, workers // 2)
-        fewer = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits)
+        fewer = product_blocks(m, k, n, dtype.itemsize, budget * frac, workers, limits, on_volunteers=on_volunteers)
         if not _lab_product(a, b, *fewer):
             (bm, bk, bn), lab = fewer, False
     if lab:  # no volunteer would see a tile: the lab's own blocks, neither max-share nor a volunteer's memory
