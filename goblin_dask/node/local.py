@@ -132,6 +132,9 @@ class LabNode:
 
     def _connect(self, n_workers: int, timeout: float, parts: list[str]) -> None:
         self.client = admin.admin_client(self.state_dir, self.address, set_as_default=True, timeout=timeout)
+        from goblin_dask.array.placement import watch
+
+        watch(self.client)  # it says when no task of a computation leaves the lab
         self._wait_until_joined(lambda: len(self.client.scheduler_info(n_workers=-1)["workers"]) >= n_workers, parts,
                                 timeout, lambda: f"only {len(self.client.scheduler_info()['workers'])} of {n_workers} "
                                              f"workers joined within {timeout:.0f} s")
@@ -263,7 +266,9 @@ def connect(address: str, credential: str | os.PathLike | None = None, **kwargs:
     if role not in CLIENT_ROLES:
         raise FatalConnectError(wrong_role_message(role, address), EXIT_WRONG_ROLE)
     try:
-        return Client(address, security=cred.security(), **kwargs)
+        from goblin_dask.array.placement import watch
+
+        return watch(Client(address, security=cred.security(), **kwargs))  # it says when no task leaves the lab
     except (OSError, TimeoutError) as e:
         fatal = fatal_connect_error(address, _causes(e))
         if fatal is not None:
