@@ -20,6 +20,7 @@ from typing import Any
 from dask._task_spec import Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.array.placement import KEPT_AT_LAB
 from goblin_dask.ops import task_violation
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.validation.checks import is_unverified_key
@@ -72,6 +73,18 @@ class PlacementCount:
         for entry in self._entries(who):
             entry["lab"] += 1
             entry["kept"][why] = entry["kept"].get(why, 0) + 1
+
+    def kept_steps(self, who: str | None, spec: Any) -> None:
+        """Count the catalog tasks of a lab-placed task (a LabChain's steps one by one) under their ``why``; a
+        reason the lab does not know (a graph is the researcher's to write) counts as ``other``."""
+        try:
+            steps = tuple(spec.steps) if isinstance(spec, LabChain) else (spec,)
+        except TypeError:
+            return
+        for step in steps:
+            if isinstance(step, CatalogTask):
+                why = getattr(step, "why", None)
+                self.kept(who, why if type(why) is str and why in KEPT_AT_LAB else "other")
 
     def kept_instead(self, who: str | None, why: str) -> None:
         """A task counted as sent stays at the lab after all (the exposure plugin's caps)."""
@@ -146,10 +159,6 @@ class CatalogOnlyPlugin(SchedulerPlugin):
             if fresh:
                 self.count.sent(who)
             return
-        if fresh:
-            for step in spec.steps if isinstance(spec, LabChain) else (spec,):
-                if isinstance(step, CatalogTask):
-                    self.count.kept(who, step.why or "other")
         pinned = [w for w in (ts.worker_restrictions or ()) if self.admission.is_volunteer(w)]
         if why is not None and pinned:
             names = ", ".join(self.admission.names.get(w, w) for w in pinned)
@@ -162,6 +171,8 @@ class CatalogOnlyPlugin(SchedulerPlugin):
         ts.loose_restrictions = False
         ts.resource_restrictions = {LAB_RESOURCE: 1}
         self.placed["lab"] += 1
+        if fresh:  # last, once the task is placed: what a graph carries never stops placement
+            self.count.kept_steps(who, spec)
 
     # -- wrapped handlers --------------------------------------------------------
     def _lab_only(self, workers, what: str) -> list[str]:

@@ -165,6 +165,29 @@ def test_a_catalog_task_without_a_check_runs_on_the_lab_even_when_pinned_to_a_vo
     run_lab(tmp_path, body)
 
 
+def test_a_reason_the_lab_does_not_know_counts_as_other_and_never_stops_placement(tmp_path):
+    """A graph is the researcher's to write: a lab-placed task's ``why`` that is no known reason (a long string,
+    a list) is counted as ``other``, and the task is placed on the lab worker all the same."""
+    async def body(lab):
+        x = np.arange(12.0).reshape(3, 4)
+        keys = [f"transpose-{HEX[:-1]}{i}" for i in range(3)]
+        dsk = {A_KEY: DataNode(None, x)}
+        for key, why in zip(keys, ("x" * 10_000, ["not", "hashable"], "min-flops")):
+            task = CatalogTask(key, get("exp"), TaskRef(A_KEY), placement="lab")
+            task.why = why  # as an unpickled graph may carry it
+            dsk[key] = task
+        async with lab.client() as client:
+            results = await client.gather(client.get(dsk, keys, sync=False))
+        for got in results:
+            np.testing.assert_allclose(got, np.exp(x), rtol=1e-15)
+        for key in keys:
+            assert lab.recorder.workers_of(key) == [lab.address_of("lab-worker")]
+        total, _ = lab.catalog_only.count.report()
+        assert total == {"volunteer": 0, "lab": 3, "kept": {"min-flops": 1, "other": 2}}
+
+    run_lab(tmp_path, body)
+
+
 def test_lab_only_ops_and_non_catalog_tasks_stay_on_the_lab_even_under_unverified_keys(tmp_path):
     async def body(lab):
         x = np.arange(12.0).reshape(3, 4)
