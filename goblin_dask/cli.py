@@ -135,7 +135,7 @@ def enroll(name, out, state_dir):
 @click.argument("name")
 @_state_dir_option
 def revoke(name, state_dir):
-    """Revoke volunteer NAME's credential and disconnect it."""
+    """Revoke NAME's credential (a volunteer's or a researcher's) and disconnect it."""
     from goblin_dask.credentials import CredentialError, require_lab
     from goblin_dask.node.admin import NodeUnreachable
     from goblin_dask.node.admin import revoke as revoke_credential
@@ -149,7 +149,7 @@ def revoke(name, state_dir):
         click.echo(f"revoked {name}: no lab node runs from {state_dir}, so none to disconnect it from "
                    f"(a node started from it refuses {name})")
     else:
-        click.echo(f"revoked {name}; disconnected {len(closed)} worker(s)")
+        click.echo(f"revoked {name}; disconnected {len(closed)} worker(s) or client(s)")
 
 
 @main.command()

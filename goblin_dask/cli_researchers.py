@@ -63,6 +63,11 @@ def issue(name, state_dir):
     directory = Path(state_dir) / REGISTRY_DIR
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{name}.credential"
+    from goblin_dask.credentials import revoked_names
+
+    if name in revoked_names(state_dir):
+        raise click.ClickException(f"{name!r} was revoked on this lab node (`goblin revoke {name}`): a credential "
+                                   f"under that name would be refused; pick another name")
     if path.exists():
         raise click.ClickException(f"{path} exists: researcher {name!r} already has a credential "
                                    f"(hand over that file, or pick another name)")

@@ -98,6 +98,14 @@ class LabKeys:
         _write_private(self._revoked_path, json.dumps(sorted(names)))
 
 
+def revoked_names(state_dir: str | os.PathLike) -> frozenset[str]:
+    """The names revoked on the lab of ``state_dir`` (read only: unlike :class:`LabKeys`, creates nothing)."""
+    try:
+        return frozenset(json.loads((Path(state_dir) / "revoked.json").read_text()))
+    except FileNotFoundError:
+        return frozenset()
+
+
 def issue_credential(state_dir: str | os.PathLike, role: str, name: str | None = None):
     """A full credential (TLS certificate under the lab CA, plus admission token for workers)."""
     from goblin_dask.tls import LabCA

@@ -56,6 +56,10 @@ def run_demo(n: int = 2048, chunk: int | None = None, volunteers: int = 2, dtype
     say(f"timings: grid {grid_seconds:.2f} s, numpy (this process) {numpy_seconds:.2f} s, grid start-up {started:.1f} s")
     say(f"verification: {report['tasks']} volunteer results, {report['accepted']} accepted, {report['rejected']} rejected, "
         f"methods {report['by_method']}, check overhead {report['overhead']:.1%} of compute time")
+    placed = report.get("placement") or {}
+    kept = ", ".join(f"{why}: {n}" for why, n in (placed.get("kept") or {}).items())
+    say(f"where tasks ran: {placed.get('volunteer', 0)} on volunteers, {placed.get('lab', 0)} kept at the lab"
+        + (f" ({kept})" if kept else ""))
     for name, v in report["volunteers"].items():
         say(f"  {name}: accepted {v['accepted']}, rejected {v['rejected']}, trust {v['trust']}, banned {v['banned']}")
     say(f"dashboard (while the grid ran): {result['dashboard_link']}")

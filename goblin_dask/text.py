@@ -4,7 +4,7 @@ A small, lossless tokenizer: words (and the spaces and punctuation between them)
 were seen when the vocabulary was fitted get one id each; anything else is spelled in
 UTF-8 bytes, each byte an id of its own, so ``decode(encode(s)) == s`` for every string.
 The vocabulary stays at the lab (``save`` it in the node's state directory); without it
-a volunteer holds numbers only (which, as the README says, is not encryption).
+a volunteer holds numbers only (which, as docs/concepts.md says, is not encryption).
 """
 
 from __future__ import annotations

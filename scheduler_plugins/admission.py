@@ -302,7 +302,7 @@ class AdmissionPlugin(SchedulerPlugin):
     def authorize_handlers(self) -> None:
         """Wrap every scheduler handler with a check of the caller's certificate role."""
         for op, handler in list(self.scheduler.handlers.items()):
-            self.scheduler.handlers[op] = _authorized(op, handler, self.volunteer_call)
+            self.scheduler.handlers[op] = _authorized(op, handler, self.volunteer_call, self.researcher_call)
 
     def is_shut_out(self, name: str) -> bool:
         """Is volunteer ``name`` banned or revoked (by this node, or by ``goblin revoke`` writing the state
@@ -313,6 +313,22 @@ class AdmissionPlugin(SchedulerPlugin):
             link.shut_out([name])
             return True
         return False
+
+    def researcher_call(self, name: str, op: str) -> None:
+        """PermissionError when researcher ``name``'s credential was revoked (``goblin revoke NAME``): every call,
+        ``register-client`` first, is refused, saying so (``goblin_dask.connect`` raises it as fatal, exit 6)."""
+        if op != rpc.CHECK_CREDENTIAL and name in self.keys.revoked():  # that one answers how the node sees it
+            raise PermissionError(f"goblin lab node: the credential of researcher {name} was revoked by the lab's "
+                                  f"admin: '{op}' refused")
+
+    def is_researcher(self, name: str) -> bool:
+        """Is ``name`` a researcher's (a credential ``goblin researchers issue``/``approve`` wrote, or a client
+        connected with one)?"""
+        from goblin_dask.access.registry import REGISTRY_DIR
+
+        keys = self.scheduler.plugins.get("goblin-researcher-keys")
+        return (self.keys.state_dir / REGISTRY_DIR / f"{name}.credential").is_file() or \
+            any(peer == ("researcher", name) for peer in getattr(keys, "clients", {}).values())
 
     def volunteer_call(self, name: str, op: str, msg: dict) -> None:
         """PermissionError unless volunteer ``name`` may make this call now (not banned or revoked, its
@@ -344,10 +360,15 @@ class AdmissionPlugin(SchedulerPlugin):
 
     # -- actions -----------------------------------------------------------------
     def revoke(self, name: str, *, ban: bool = False) -> list[str]:
-        """Revoke ``name``'s credential and disconnect it; returns the closed addresses.
+        """Revoke ``name``'s credential and disconnect it; returns the closed workers' addresses and researcher
+        clients' ids.
 
-        A revocation by the lab's admin is recorded in ``report()["bans"]`` as a ban is (once per name)."""
+        A volunteer's revocation by the lab's admin is recorded in ``report()["bans"]`` as a ban is (once per
+        name).  A researcher's clients are disconnected, and every call of theirs is refused from now on."""
         self.keys.revoke(name)
+        if not ban and self.is_researcher(name):
+            logger.warning("revoked researcher %s", name)
+            return self.close_researcher(name)
         if ban:
             self.banned.add(name)
         elif not any(b["name"] == name for b in self.bans):
@@ -360,6 +381,16 @@ class AdmissionPlugin(SchedulerPlugin):
             self.scheduler.loop.add_callback(
                 self.scheduler.remove_worker, addr, close=True, expected=True, stimulus_id=f"goblin-revoke-{name}"
             )
+        return closed
+
+    def close_researcher(self, name: str) -> list[str]:
+        """Close the streams of researcher ``name``'s clients (their calls are refused from now on)."""
+        keys = self.scheduler.plugins.get("goblin-researcher-keys")
+        closed = [c for c, peer in list(getattr(keys, "clients", {}).items()) if peer == ("researcher", name)]
+        for client in closed:
+            stream = self.scheduler.client_comms.get(client)
+            if stream is not None and stream.comm is not None:
+                stream.comm.abort()
         return closed
 
     def refuse_volunteer(self, name: str, reason: str, ban: bool = True) -> None:
@@ -445,8 +476,9 @@ def _refusal(error: PermissionError) -> dict:
     return error_message(error, status="uncaught-error")
 
 
-def _authorized(op: str, handler, volunteer_call=None):
-    """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``."""
+def _authorized(op: str, handler, volunteer_call=None, researcher_call=None):
+    """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``, a
+    researcher's ``researcher_call(name, op)``."""
     import inspect
 
     expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
@@ -462,6 +494,12 @@ def _authorized(op: str, handler, volunteer_call=None):
             logger.warning("refused '%s' from %s (%s)", op, comm.peer_address, peer)
             return _refusal(PermissionError(f"goblin lab node: '{op}' is not allowed for "
                                             f"{peer[0] + ' ' + peer[1] if peer else 'an unauthenticated peer'}"))
+        if role == "researcher" and researcher_call is not None:
+            try:
+                researcher_call(peer[1], op)
+            except PermissionError as e:
+                logger.warning("refused '%s' from researcher %s: %s", op, peer[1], e)
+                return _refusal(e)
         if role == "volunteer" and volunteer_call is not None:
             try:
                 volunteer_call(peer[1], op, msg)

@@ -20,6 +20,7 @@ from typing import Any
 from dask._task_spec import Task
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from goblin_dask.array.placement import KEPT_AT_LAB
 from goblin_dask.ops import task_violation
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.validation.checks import is_unverified_key
@@ -46,6 +47,75 @@ def refused(message: str):
     raise PermissionError(message)
 
 
+class PlacementCount:
+    """How many catalog tasks went to volunteers and how many the lab kept, and why, in all and per researcher.
+
+    Counted where placement is decided: when a graph arrives (the researcher's side wrote each lab-placed
+    task's reason into it, :attr:`CatalogTask.why`), and when the exposure plugin keeps a volunteer task at the
+    lab (:meth:`kept_instead`).  A task the lab already holds is not counted again.
+    """
+
+    def __init__(self) -> None:
+        self.total = _empty_count()
+        #: {researcher's name: counts} for the graphs researchers (and lab admins) submitted
+        self.by_researcher: dict[str, dict[str, Any]] = {}
+
+    def _entries(self, who: str | None):
+        yield self.total
+        if who is not None:
+            yield self.by_researcher.get(who) or self.by_researcher.setdefault(who, _empty_count())
+
+    def sent(self, who: str | None) -> None:
+        for entry in self._entries(who):
+            entry["volunteer"] += 1
+
+    def kept(self, who: str | None, why: str) -> None:
+        for entry in self._entries(who):
+            entry["lab"] += 1
+            entry["kept"][why] = entry["kept"].get(why, 0) + 1
+
+    def kept_steps(self, who: str | None, spec: Any) -> None:
+        """Count the catalog tasks of a lab-placed task (a LabChain's steps one by one) under their ``why``; a
+        reason the lab does not know (a graph is the researcher's to write) counts as ``other``."""
+        try:
+            steps = tuple(spec.steps) if isinstance(spec, LabChain) else (spec,)
+        except TypeError:
+            return
+        for step in steps:
+            if isinstance(step, CatalogTask):
+                why = getattr(step, "why", None)
+                self.kept(who, why if type(why) is str and why in KEPT_AT_LAB else "other")
+
+    def kept_instead(self, who: str | None, why: str) -> None:
+        """A task counted as sent stays at the lab after all (the exposure plugin's caps)."""
+        for entry in self._entries(who):
+            entry["volunteer"] = max(0, entry["volunteer"] - 1)
+        self.kept(who, why)
+
+    def report(self, researcher: str | None = None, only: bool = False) -> tuple[dict, dict]:
+        """``(totals, {researcher: counts})``; ``only``: just ``researcher``'s own row (a researcher asking)."""
+        rows = {n: c for n, c in sorted(self.by_researcher.items()) if not only or n == researcher}
+        copy = lambda c: {**c, "kept": dict(sorted(c["kept"].items()))}  # noqa: E731
+        return copy(self.total), {n: copy(c) for n, c in rows.items()}
+
+
+def _empty_count() -> dict[str, Any]:
+    return {"volunteer": 0, "lab": 0, "kept": {}}
+
+
+def submitter(scheduler, client: str | None = None, key: Any = None) -> str | None:
+    """The name of the researcher (or lab admin) whose graph brought a task: by its client, else by the key's
+    owners (``scheduler_plugins.researcher_keys``); None for the lab's own clients (its checker's replicas)."""
+    keys = scheduler.plugins.get("goblin-researcher-keys")
+    if keys is None:
+        return None
+    if client is not None:
+        peers = [keys.clients.get(client)]
+    else:
+        peers = sorted(keys.owners.get(key, ()))
+    return next((name for role, name in filter(None, peers) if role in ("researcher", "admin")), None)
+
+
 class CatalogOnlyPlugin(SchedulerPlugin):
     name = "goblin-catalog-only"
 
@@ -53,6 +123,7 @@ class CatalogOnlyPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self.admission = admission
         self.placed = {"volunteer": 0, "lab": 0, "refused": 0}
+        self.count = PlacementCount()
         for op, why in REFUSED_SCHEDULER_HANDLERS.items():
             scheduler.handlers[op] = _refuser(op, why)
         self._broadcast = scheduler.handlers["broadcast"]
@@ -63,15 +134,17 @@ class CatalogOnlyPlugin(SchedulerPlugin):
         scheduler.handlers["rebalance"] = self.rebalance
 
     # -- placement ---------------------------------------------------------------
-    def update_graph(self, scheduler, *, tasks: list, **kwargs: Any) -> None:
+    def update_graph(self, scheduler, *, tasks: list, client: str | None = None, **kwargs: Any) -> None:
+        who = submitter(scheduler, client=client)
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None:
                 continue
-            self.place(ts)
+            self.place(ts, who)
 
-    def place(self, ts) -> None:
+    def place(self, ts, who: str | None = None) -> None:
         spec = ts.run_spec
+        fresh = ts.state == "released"  # not a task the lab holds already (a graph naming it again)
         if isinstance(spec, LabChain):
             # lab-only by construction (no volunteer's allow-list takes it); refused where pinned
             # to a volunteer exactly when one of its steps would have been, unfused
@@ -83,6 +156,8 @@ class CatalogOnlyPlugin(SchedulerPlugin):
             # only under an unverified- key: its one consumer is the lab's check task
             ts.resource_restrictions = {VOLUNTEER_RESOURCE: 1}
             self.placed["volunteer"] += 1
+            if fresh:
+                self.count.sent(who)
             return
         pinned = [w for w in (ts.worker_restrictions or ()) if self.admission.is_volunteer(w)]
         if why is not None and pinned:
@@ -96,6 +171,8 @@ class CatalogOnlyPlugin(SchedulerPlugin):
         ts.loose_restrictions = False
         ts.resource_restrictions = {LAB_RESOURCE: 1}
         self.placed["lab"] += 1
+        if fresh:  # last, once the task is placed: what a graph carries never stops placement
+            self.count.kept_steps(who, spec)
 
     # -- wrapped handlers --------------------------------------------------------
     def _lab_only(self, workers, what: str) -> list[str]:

@@ -55,6 +55,7 @@ from goblin_dask.array.sources import KINDS, carries_lab_data, combined_kind, la
 from goblin_dask.ops.spec import CatalogTask, LabChain
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
 from goblin_dask.validation.checks import accept, is_unverified_key
+from scheduler_plugins.catalog_only import submitter
 
 logger = logging.getLogger("goblin_dask.exposure")
 
@@ -344,7 +345,7 @@ class ExposurePlugin(SchedulerPlugin):
         return out
 
     # -- placement ---------------------------------------------------------------
-    def update_graph(self, scheduler, *, tasks: list, **kwargs: Any) -> None:
+    def update_graph(self, scheduler, *, tasks: list, client: str | None = None, **kwargs: Any) -> None:
         new = [scheduler.tasks[k] for k in tasks if k in scheduler.tasks]
         self._lineage_of(new)
         share, cap = self.max_share(), self.max_exposure()
@@ -352,7 +353,7 @@ class ExposurePlugin(SchedulerPlugin):
             if ts.resource_restrictions != {VOLUNTEER_RESOURCE: 1} or not isinstance(ts.run_spec, CatalogTask):
                 continue
             if any(aid == INVALID for d in ts.dependencies for aid, _, _ in self.lineage.get(d.key, ())):
-                self.keep_on_lab(ts, "a source block it reads names no valid lab array")
+                self.keep_on_lab(ts, "a source block it reads names no valid lab array", "invalid-source", client)
                 continue
             needs = self.needs(ts)
             over = [aid for aid, cov in needs.items()
@@ -360,11 +361,12 @@ class ExposurePlugin(SchedulerPlugin):
                     and cov.covered() > most + 1e-9]
             if over:
                 self.keep_on_lab(ts, f"it would send a volunteer more than its share cap (data: {share:g}) "
-                                     f"of lab array(s) {over}")
+                                     f"of lab array(s) {over}", "max-share", client)
             elif cap is not None and needs:
-                self.plan(ts, needs, cap)
+                self.plan(ts, needs, cap, client=client)
 
-    def plan(self, ts, needs: dict[str, Coverage], cap: float, exclude: str | None = None) -> bool:
+    def plan(self, ts, needs: dict[str, Coverage], cap: float, exclude: str | None = None,
+             client: str | None = None) -> bool:
         """Pin ``ts`` to a volunteer that stays within ``cap``; else the lab computes it."""
         allowed = set(self.admission.volunteers()) - {exclude}
         if ts.worker_restrictions:
@@ -393,7 +395,7 @@ class ExposurePlugin(SchedulerPlugin):
                 if best is None or (new_elems, load) < best[0]:
                     best = ((new_elems, load), addr, merged)
         if best is None:
-            self.keep_on_lab(ts, f"every volunteer would exceed max-exposure {cap:g}")
+            self.keep_on_lab(ts, f"every volunteer would exceed max-exposure {cap:g}", "max-exposure", client)
             return False
         _, addr, merged = best
         self.planned[addr].update(merged)
@@ -419,8 +421,10 @@ class ExposurePlugin(SchedulerPlugin):
         if needs:
             self.plan(ts, needs, cap)
 
-    def keep_on_lab(self, ts, why: str) -> None:
-        """The lab computes ``ts`` itself: its check task runs the op, the volunteer task becomes a no-op."""
+    def keep_on_lab(self, ts, why: str, reason: str, client: str | None = None) -> None:
+        """The lab computes ``ts`` itself: its check task runs the op, the volunteer task becomes a no-op.
+        ``reason``: a key of :data:`goblin_dask.array.placement.KEPT_AT_LAB`, counted in the report for the
+        researcher whose graph brought ``ts`` (by ``client`` while its graph arrives, else by the key's owners)."""
         from goblin_dask.validation.checks import UNVERIFIED_PREFIX
 
         spec = ts.run_spec
@@ -435,11 +439,15 @@ class ExposurePlugin(SchedulerPlugin):
             ts.resource_restrictions = {LAB_RESOURCE: 1}
             ts.worker_restrictions = None
         else:
-            check.run_spec = CatalogTask(original, spec.func, *spec.args, placement="lab", **spec.kwargs)
+            check.run_spec = CatalogTask(original, spec.func, *spec.args, placement="lab", why=reason, **spec.kwargs)
             ts.run_spec = Task(ts.key, kept_on_lab)
             ts.resource_restrictions = {LAB_RESOURCE: 1}
             ts.worker_restrictions = None
         self._unpin(ts.key)
+        catalog_only = self.scheduler.plugins.get("goblin-catalog-only")
+        if catalog_only is not None and ts.state in ("released", "waiting", "no-worker", "queued"):  # not yet run
+            who = submitter(self.scheduler, client=client) if client is not None else submitter(self.scheduler, key=ts.key)
+            catalog_only.count.kept_instead(who, reason)
         logger.info("task %r computed on the lab worker: %s", ts.key, why)
 
     def _pin(self, key, addr: str) -> None:

@@ -5,7 +5,8 @@ volunteer names and per-volunteer counts go to lab admins (and loopback, where t
 guard trusts it; see ``scheduler_plugins.dashboard_guard``).
 
 ``/goblin/`` is the lab's page, a live view of ``/goblin/api/status`` (polled every second, no reload):
-totals, verification by method and its overhead, credit, computations in flight with their progress,
+totals, verification by method and its overhead, credit, where tasks ran (sent to volunteers, or kept at the
+lab and why, with the setting that would send them out), computations in flight with their progress,
 plots of verified results and throughput over time drawn as plain SVG, and researchers' training runs
 (an opaque id, round, loss, seconds per round, verification counts: numbers only) with their loss curve.  The same rule: everyone
 sees the totals; the per-volunteer table (name, trust, accepted, rejected, banned, late, credit, status,
@@ -23,10 +24,12 @@ import time
 
 from tornado import web
 
+from goblin_dask.array.placement import KEPT_AT_LAB
+
 logger = logging.getLogger("goblin_dask.http")
 
 #: the keys of the report everyone may read
-PUBLIC_KEYS = ("tasks", "accepted", "rejected", "by_method", "overhead", "reissued", "seconds")
+PUBLIC_KEYS = ("tasks", "accepted", "rejected", "by_method", "overhead", "reissued", "seconds", "placement")
 
 
 def public_report(report: dict) -> dict:
@@ -78,8 +81,11 @@ def lab_status(scheduler, ledger, trusted: str | None) -> dict:
         # researchers' training runs: an opaque id, rounds, loss, seconds, verification counts (numbers only)
         "training": training.status() if (training := scheduler.plugins.get("goblin-training")) else {"runs": []},
         "can_revoke": trusted == "admin",
+        # why tasks stayed at the lab: {reason: the setting that would send them out, or None}
+        "kept_settings": KEPT_AT_LAB,
     })
     if trusted:
+        status["placement_by_researcher"] = report.get("placement_by_researcher", {})
         exposure = report.get("exposure") or {}
         rows = []
         for name in sorted(set(report.get("volunteers", {})) | set(connected)):
@@ -175,6 +181,10 @@ th:first-child,td:first-child{text-align:left} svg{border:1px solid #ddd;backgro
 <h2 id="vh" hidden>Volunteers</h2><table id="volunteers" hidden><tr><th>name</th><th>status</th><th>trust</th>
 <th>accepted</th><th>rejected</th><th>late</th><th>banned</th><th>credit</th><th>threads</th><th>memory</th>
 <th>exposure</th><th></th></tr></table>
+<h2>Where tasks ran</h2><p><span id="sent">-</span> catalog tasks sent to volunteers,
+<span id="kept">-</span> kept at the lab.</p>
+<table id="why"><tr><th>kept at the lab because</th><th>tasks</th><th>the setting that would send them out</th></tr></table>
+<table id="researchers" hidden><tr><th>researcher</th><th>to volunteers</th><th>kept at the lab</th><th>why</th></tr></table>
 <h2>Computations</h2><table id="computations"><tr><th>id</th><th>tasks</th><th>done</th><th>progress</th></tr></table>
 <h2>Training runs</h2><p id="no-training">none yet (a <code>Trainer</code> reports each finished round)</p>
 <table id="training" hidden><tr><th>run</th><th>round</th><th>loss</th><th>s / round</th><th>accepted</th><th>rejected</th></tr></table>
@@ -228,6 +238,12 @@ async function tick(){
     set("overhead",(100*s.overhead).toFixed(1)+" %");set("credit",flops(s.credit));
     set("connected",s.connected+(s.paused?" ("+s.paused+" paused)":""));
     rows("methods",Object.entries(s.by_method));
+    const pl=s.placement||{volunteer:0,lab:0,kept:{}};set("sent",pl.volunteer);set("kept",pl.lab);
+    rows("why",Object.entries(pl.kept).map(([w,n])=>[w,n,s.kept_settings[w]||"none: "+(w==="lab-only"?
+      "checking it is computing it again":"the lab computes it")]));
+    const pr=s.placement_by_researcher;document.getElementById("researchers").hidden=!pr;
+    if(pr)rows("researchers",Object.entries(pr).map(([n,c])=>[n,c.volunteer,c.lab,
+      Object.entries(c.kept).map(([w,k])=>w+": "+k).join(", ")]));
     rows("computations",s.computations.slice(-5).reverse().map(c=>[c.id,c.tasks,c.done,bar(c.progress)]));
     const prev=hist.length?hist[hist.length-1]:null;
     const rate=prev&&s.time>prev.time?Math.max(0,(s.accepted+s.rejected-prev.accepted-prev.rejected)/(s.time-prev.time)):0;

@@ -201,7 +201,7 @@ class VerificationLedger(SchedulerPlugin):
         self._credit_dirty = False
         self._credit_flush: PeriodicCallback | None = None
         self.load_credit()
-        scheduler.handlers[rpc.REPORT] = lambda: self.report()
+        scheduler.handlers[rpc.REPORT] = self.report_handler
         scheduler.handlers[rpc.POLICY] = self.policy_handler
         scheduler.handlers[rpc.VOLUNTEER_STATUS] = self.volunteer_status_handler
 
@@ -456,7 +456,13 @@ class VerificationLedger(SchedulerPlugin):
     def _bans(self) -> list[dict[str, Any]]:
         return [dict(b) for b in getattr(self.admission, "bans", ())]
 
-    def report(self) -> dict[str, Any]:
+    def report_handler(self, comm=None) -> dict[str, Any]:
+        """``goblin_report``: a researcher sees only its own row of ``placement_by_researcher``."""
+        role, name = (peer_identity(comm) if comm is not None else None) or (None, None)
+        return self.report(researcher=name if role == "researcher" else None)
+
+    def report(self, researcher: str | None = None) -> dict[str, Any]:
+        """The ledger's report; ``researcher``: narrow the per-researcher counts to that researcher's own."""
         accepted = sum(v.accepted for v in self.volunteers.values())
         rejected = sum(v.rejected for v in self.volunteers.values())
         verification = self.check_seconds + self.replica_seconds
@@ -485,6 +491,10 @@ class VerificationLedger(SchedulerPlugin):
             "rejections": [dict(r) for r in self.rejections],
             # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)
             "exposure": exposure.report() if (exposure := self.scheduler.plugins.get("goblin-exposure")) else {},
+            # catalog tasks sent to volunteers, and kept at the lab with why ({reason: count}; the reasons and the
+            # settings that would send them out: goblin_dask.array.placement.KEPT_AT_LAB), in all and per researcher
+            **dict(zip(("placement", "placement_by_researcher"), placement.count.report(researcher, researcher is not None)
+                       if (placement := self.scheduler.plugins.get("goblin-catalog-only")) else ({}, {}))),
             "seconds": {"compute": self.compute_seconds, "check": self.check_seconds,
                         "check_cpu": self.check_cpu_seconds, "replicas": self.replica_seconds},
         }

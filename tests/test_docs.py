@@ -77,7 +77,6 @@ def test_api_reference_comes_from_the_docstrings(site):
 def test_a_broken_link_fails_the_build(tmp_path):
     """Strict means strict: a page linking to a page that does not exist stops the build, naming both."""
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
-    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("session-notes", "*.png"))
     page = tmp_path / "docs" / "concepts.md"
     page.write_text(page.read_text() + "\nSee [the missing page](missing.md).\n")
@@ -102,3 +101,41 @@ def test_researcher_quickstart_runs_as_written(tmp_path):
     # the reference: numpy's own a @ a.T (float64) of the same a; the blocked sum differs by rounding only
     assert 0 <= float(error) < 1e-9
     assert int(accepted) > 0, "no volunteer result was verified: the product stayed at the lab"
+
+
+def readme_commands() -> list[str]:
+    """README.md's two commands (its first ```bash block): install and run the demo, then run the tests."""
+    (block,) = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)[:1]
+    lines = block.strip().splitlines()
+    assert len(lines) == 2, lines
+    return lines
+
+
+def test_ci_runs_exactly_readmes_test_command():
+    """``.ci/run`` installs the test extra and runs README's test command, as README writes it."""
+    _, tests = readme_commands()
+    install, run = tests.split(" && ")
+    assert install == "pip install '.[test]'"
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "python -m pip install -q '.[test]'  # as README.md says" in " ".join(ci)
+    assert ci[-1] == run == "python -m pytest -q tests"
+    assert f"`{run}`" in (ROOT / "docs" / "development.md").read_text()
+
+
+@pytest.mark.slow
+def test_readmes_first_command_runs_the_demo_on_the_embedded_default(tmp_path):
+    """README's first command ends in ``goblin demo``: run as written (the installed ``goblin``, in a fresh
+    directory), it starts the embedded grid, volunteers compute a verified product, and it matches numpy."""
+    first, _ = readme_commands()
+    assert first == "python3 -m venv .venv && . .venv/bin/activate && pip install . && goblin demo"
+    assert first in (ROOT / "docs" / "index.md").read_text()  # the docs' home page says the same
+    goblin = shutil.which("goblin", path=os.path.dirname(sys.executable)) or shutil.which("goblin")
+    assert goblin, "the goblin command is not installed (pip install .)"
+    done = subprocess.run([goblin, "demo"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    assert "result check: matches numpy's float64 product" in out, out
+    accepted = int(re.search(r"(\d+) accepted, 0 rejected", out).group(1))
+    assert accepted > 0, out
+    sent = int(re.search(r"where tasks ran: (\d+) on volunteers", out).group(1))
+    assert sent > 0, out

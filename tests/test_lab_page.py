@@ -78,6 +78,10 @@ def test_live_numbers_during_a_computation_totals_for_strangers_volunteers_for_a
     # a stranger sees totals: no volunteer names, no addresses, no keys
     text = json.dumps(after)
     assert "volunteers" not in after and after["volunteer_count"] == 2
+    # where the tasks ran: every block product went to a volunteer; counts for all, not per researcher
+    assert after["placement"]["volunteer"] == before["placement"]["volunteer"] + len(keys)
+    assert after["kept_settings"]["min-flops"] == "goblin.placement.min-flops"
+    assert "placement_by_researcher" not in after
     for secret in [*node.volunteer_names(), *node.volunteer_addresses().values(), node.lab_worker_address(),
                    str(keys[0][0])]:
         assert secret not in text
@@ -86,6 +90,8 @@ def test_live_numbers_during_a_computation_totals_for_strangers_volunteers_for_a
     admin = WebClient(site, source_ip="127.0.0.43")
     assert sign_in(admin, mailbox, ADMIN).status == 303
     rows = {v["name"]: v for v in _status(admin)["volunteers"]}
+    by_researcher = _status(admin)["placement_by_researcher"]  # the lab admin's client submitted the product
+    assert sum(c["volunteer"] for c in by_researcher.values()) >= len(keys)
     assert set(rows) == set(node.volunteer_names())
     report = node.report()["volunteers"]
     for name, row in rows.items():
@@ -123,6 +129,7 @@ def test_the_page_in_a_browser_updates_live_during_a_computation_without_console
     assert browser.execute_script("return window.goblinSamePage === true")  # live, without a reload
     assert browser.find_elements(By.CSS_SELECTOR, "#verified polyline")  # the plot over time is drawn
     assert "freivalds" in browser.find_element(By.ID, "methods").text
+    wait_for(lambda: int(browser.find_element(By.ID, "sent").text) >= len(keys), "the page to show where tasks ran")
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
 

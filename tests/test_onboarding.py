@@ -66,6 +66,31 @@ def test_researchers_issue_writes_a_credential_that_computes_a_verified_product(
     assert bad.exit_code == 2 and "letters, digits" in bad.output
 
 
+def test_a_revoked_researcher_is_disconnected_and_refused_at_connect_with_what_to_do(lab):
+    """``goblin revoke NAME`` works on a researcher's name too: its clients are disconnected, every call of theirs
+    is refused saying why, and connecting again fails at once (exit code 6), saying to ask the lab's admin."""
+    from goblin_dask.node import rpc
+
+    path = _issue_researcher(lab, "revoked-researcher").stdout.strip()
+    x = np.arange(12.0).reshape(3, 4)
+    with connect(lab.address, credential=path, timeout=30, set_as_default=False) as client:
+        np.testing.assert_array_equal((ga.from_array(x) + 1).compute(scheduler=client.get), x + 1)
+        bans_before = lab.report()["bans"]
+        done = CliRunner().invoke(goblin, ["revoke", "revoked-researcher", "--state-dir", str(lab.state_dir)])
+        assert done.exit_code == 0 and "revoked revoked-researcher; disconnected 1" in done.output, done.output
+        with pytest.raises(PermissionError, match="the credential of researcher revoked-researcher was revoked"):
+            client.sync(getattr(client.scheduler, rpc.REPORT))
+    with pytest.raises(FatalConnectError) as refused:
+        connect(lab.address, credential=path, timeout=30, set_as_default=False)
+    assert refused.value.exit_code == EXIT_REVOKED
+    assert "this credential was revoked by the lab; ask the lab's admin for a new one" in str(refused.value)
+    assert lab.report()["bans"] == bans_before  # bans are volunteers'
+    doctor = _doctor(lab.address, path)
+    assert doctor.exit_code == EXIT_REVOKED and "FAIL role" in doctor.output and "revoked" in doctor.output
+    again = CliRunner().invoke(goblin, ["researchers", "issue", "revoked-researcher", "--state-dir", str(lab.state_dir)])
+    assert again.exit_code == 1 and "was revoked on this lab node" in again.output
+
+
 # -- 2. version, info ------------------------------------------------------------------------------------
 
 

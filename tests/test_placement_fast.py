@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, Task, TaskRef
 
-from goblin_dask.array.placement import placement_for
+from goblin_dask.array.placement import KEPT_AT_LAB, placement_for, placement_reason
 from goblin_dask.ops import CatalogTask, get
 from goblin_dask.ops.spec import Aval
 from goblin_dask.roles import LAB_RESOURCE, VOLUNTEER_RESOURCE
@@ -86,6 +86,29 @@ def test_layout_and_exact_ops_never_leave_the_lab():
         assert placement_for(get("add"), x, x) == "volunteer"  # the same thresholds let a Replica op go
 
 
+def test_each_task_kept_at_the_lab_says_why_and_names_the_setting_that_would_send_it_out():
+    matmul, f32 = get("matmul"), np.dtype("float32")
+    assert placement_reason(matmul, _aval(16, 16), _aval(16, 16)) == ("lab", "min-flops")  # 8e3 flops
+    # 4e6 flops, but 2*512*16*512 / (512*16 + 16*512 + 512*512) = 30 flops per element < 64
+    assert placement_reason(matmul, _aval(512, 16), _aval(16, 512)) == ("lab", "min-product-intensity")
+    assert placement_reason(matmul, Aval((128, 128), f32), Aval((128, 128), f32)) == ("lab", "min-product-intensity")
+    assert placement_reason(matmul, _aval(256, 256), _aval(256, 256)) == ("volunteer", None)
+    assert placement_reason(get("add"), _aval(1000, 1000), _aval(1000, 1000)) == ("lab", "min-intensity")
+    assert placement_reason(get("exp"), _aval(10, 10)) == ("lab", "min-flops")
+    assert placement_reason(get("transpose"), _aval(1000, 1000), axes=(1, 0)) == ("lab", "lab-only")
+    assert placement_reason(get("random_uniform"), shape=(4, 4), seed=1) == ("volunteer", None)
+    for why in ("min-flops", "min-product-intensity", "min-intensity", "max-share", "max-exposure"):
+        assert dask.config.get(KEPT_AT_LAB[why]) is not None or why == "max-exposure"  # a real setting
+    # the reason travels with the task (a copy, a substitution and a pickle keep it) and a volunteer's never has one
+    import pickle
+
+    task = CatalogTask("k", matmul, TaskRef("a"), TaskRef("b"), placement="lab", why="min-flops")
+    assert task.copy().why == "min-flops" and task.substitute({"a": "c"}).why == "min-flops"
+    assert pickle.loads(pickle.dumps(task)).why == "min-flops"
+    assert CatalogTask("k", matmul, TaskRef("a"), TaskRef("b"), placement="volunteer", why="min-flops").why is None
+    assert CatalogTask("k", get("transpose"), TaskRef("a"), axes=(1, 0)).why == "lab-only"
+
+
 def test_random_blocks_ship_nothing_and_go_to_volunteers_at_any_size():
     assert placement_for(get("random_standard_normal"), shape=(4, 4), seed=1) == "volunteer"
     assert placement_for(get("random_uniform"), shape=(2000, 2000), seed=(1, 2)) == "volunteer"
@@ -138,6 +161,29 @@ def test_a_catalog_task_without_a_check_runs_on_the_lab_even_when_pinned_to_a_vo
             np.testing.assert_allclose(await future, a @ b)
         assert lab.recorder.workers_of(key) == [lab.address_of("lab-worker")]
         assert lab.recorder.keys_on(alice) == [] and lab.catalog_only.placed["volunteer"] == 0
+
+    run_lab(tmp_path, body)
+
+
+def test_a_reason_the_lab_does_not_know_counts_as_other_and_never_stops_placement(tmp_path):
+    """A graph is the researcher's to write: a lab-placed task's ``why`` that is no known reason (a long string,
+    a list) is counted as ``other``, and the task is placed on the lab worker all the same."""
+    async def body(lab):
+        x = np.arange(12.0).reshape(3, 4)
+        keys = [f"transpose-{HEX[:-1]}{i}" for i in range(3)]
+        dsk = {A_KEY: DataNode(None, x)}
+        for key, why in zip(keys, ("x" * 10_000, ["not", "hashable"], "min-flops")):
+            task = CatalogTask(key, get("exp"), TaskRef(A_KEY), placement="lab")
+            task.why = why  # as an unpickled graph may carry it
+            dsk[key] = task
+        async with lab.client() as client:
+            results = await client.gather(client.get(dsk, keys, sync=False))
+        for got in results:
+            np.testing.assert_allclose(got, np.exp(x), rtol=1e-15)
+        for key in keys:
+            assert lab.recorder.workers_of(key) == [lab.address_of("lab-worker")]
+        total, _ = lab.catalog_only.count.report()
+        assert total == {"volunteer": 0, "lab": 3, "kept": {"min-flops": 1, "other": 2}}
 
     run_lab(tmp_path, body)
 

@@ -12,6 +12,7 @@ import smtplib
 import sqlite3
 import ssl
 import stat
+from pathlib import Path
 
 import dask
 import numpy as np
@@ -294,6 +295,30 @@ def test_credential_names_stay_unique(registry):
     assert first.name == "a-b-uni-example.credential"
     assert second.name.startswith("a-b-uni-example-") and second != first
     assert Credential.load(first).name != Credential.load(second).name
+
+
+def test_approving_never_overwrites_a_credential_issued_or_revoked_under_the_same_name(registry):
+    """``goblin researchers issue NAME`` and ``approve`` write into the same directory: an approval whose name is
+    taken by an issued credential, or was revoked, gets a name of its own, and the issued file stays as it was."""
+    from click.testing import CliRunner
+
+    from goblin_dask.cli import main as goblin
+
+    state = ["--state-dir", str(registry.state_dir)]
+    issued = CliRunner().invoke(goblin, ["researchers", "issue", "ada-uni-example", *state])
+    assert issued.exit_code == 0, issued.output
+    before = Path(issued.stdout.strip()).read_bytes()
+    _file(registry)
+    path = registry.approve("ada@uni.example")
+    assert path.name.startswith("ada-uni-example-") and path.name != "ada-uni-example.credential"
+    assert Path(issued.stdout.strip()).read_bytes() == before
+    assert Credential.load(path).name != "ada-uni-example"
+
+    (registry.state_dir / "revoked.json").write_text('["grace-navy-example"]')
+    _file(registry, "grace@navy.example")
+    assert registry.approve("grace@navy.example").name.startswith("grace-navy-example-")
+    again = CliRunner().invoke(goblin, ["researchers", "issue", "grace-navy-example", *state])
+    assert again.exit_code == 1 and "was revoked on this lab node" in again.output and "pick another name" in again.output
 
 
 def test_the_researchers_command(registry):

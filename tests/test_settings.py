@@ -1,6 +1,7 @@
-"""Settings: every ``goblin.*`` key has its default in goblin_dask/goblin.yaml, README.md lists them all.
+"""Settings: every ``goblin.*`` key has its default in goblin_dask/goblin.yaml, the docs' settings page lists
+them all.
 
-``python tests/test_settings.py`` prints README.md's "Settings" table from goblin.yaml.
+``python tests/test_settings.py`` prints docs/settings.md's table from goblin.yaml.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from goblin_dask import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: The docs' settings page, which holds the table (``.ci/run`` copies docs/ next to tests/).
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
 #: Where the package's source is (the installed one under CI).
 SOURCES = [Path(settings.__file__).parent, Path(scheduler_plugins.__file__).parent]
 #: A read of a goblin key: dask.config.get("goblin.x") or settings.get("goblin.x").
@@ -59,12 +62,10 @@ def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _readme_table() -> str:
-    assert README.is_file(), f"{README} is missing (.ci/run copies it next to tests/)"
-    text = README.read_text()
-    section = text.split("\n## Settings\n", 1)
-    assert len(section) == 2, "README.md has no '## Settings' section"
-    lines = section[1].split("\n## ", 1)[0].splitlines()
+def _page_table() -> str:
+    assert SETTINGS_PAGE.is_file(), f"{SETTINGS_PAGE} is missing (.ci/run copies docs/ next to tests/)"
+    lines = SETTINGS_PAGE.read_text().splitlines()
+    assert HEADER in lines, f"{SETTINGS_PAGE} has no settings table (its header: {HEADER})"
     start = lines.index(HEADER)
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return "\n".join(lines[start:end])
@@ -79,19 +80,26 @@ def test_goblin_yaml_every_key_documented_and_loaded():
         assert dask.config.get(key) == value == settings.get(key), key
 
 
-def test_readme_settings_table_matches_goblin_yaml():
-    readme = {line.split("|")[1].strip().strip("`"): line for line in _readme_table().splitlines()[2:]}
+def test_settings_page_table_matches_goblin_yaml():
+    page = {line.split("|")[1].strip().strip("`"): line for line in _page_table().splitlines()[2:]}
     generated = {line.split("|")[1].strip().strip("`"): line for line in settings_table().splitlines()[2:]}
-    assert set(readme) - set(generated) == set(), "README.md lists keys goblin.yaml lacks"
-    assert set(generated) - set(readme) == set(), "README.md lacks keys of goblin.yaml"
-    assert _readme_table() == settings_table(), "README.md's table differs: python tests/test_settings.py prints it"
+    assert set(page) - set(generated) == set(), "docs/settings.md lists keys goblin.yaml lacks"
+    assert set(generated) - set(page) == set(), "docs/settings.md lacks keys of goblin.yaml"
+    assert _page_table() == settings_table(), "docs/settings.md's table differs: python tests/test_settings.py prints it"
 
 
-def test_readme_mentions_only_known_keys():
+def test_readme_and_docs_mention_only_known_keys():
     keys = set(_leaves(settings.defaults))
     groups = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
-    mentioned = set(re.findall(r"`(goblin\.[a-z][a-z0-9.-]*[a-z0-9])", README.read_text())) - {"goblin.yaml"}
-    assert len(mentioned) > 10 and mentioned - keys - groups == set()
+    pages = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
+    pages = [p for p in pages if "session-notes" not in p.parts]
+    mentioned = {}
+    for page in pages:
+        for key in set(re.findall(r"`(goblin\.[a-z][a-z0-9.-]*[a-z0-9])", page.read_text())) - {"goblin.yaml"}:
+            mentioned.setdefault(key, []).append(page.name)
+    assert len(mentioned) > 10
+    unknown = {k: v for k, v in mentioned.items() if k not in keys | groups}
+    assert unknown == {}, f"pages mention settings goblin.yaml lacks: {unknown}"
 
 
 def test_every_key_read_is_in_goblin_yaml_and_back():

@@ -177,6 +177,9 @@ class ResearcherRegistry:
             self._decidable(db, email, "approve")
             name = self._unused_credential_name(db, email)
             path = self.directory / f"{name}.credential"
+            if path.exists():  # never overwrite a credential (one `goblin researchers issue` wrote, say)
+                raise AccessError(f"cannot approve {email}: {path} exists (a credential issued under that name); "
+                                  f"revoke or move it first")
             LabCA(self.state_dir).issue("researcher", name).save(path)
             os.chmod(path, 0o600)
             db.execute("UPDATE requests SET status = 'approved', credential_name = ?, credential_path = ?, "
@@ -201,9 +204,13 @@ class ResearcherRegistry:
             raise AccessError(f"cannot {verb} {email}: already approved (credential {request.credential_path})")
         return request
 
-    @staticmethod
-    def _unused_credential_name(db: sqlite3.Connection, email: str) -> str:
-        """:func:`credential_name`, made unique (addresses like a.b@x and a-b@x would otherwise share it)."""
+    def _unused_credential_name(self, db: sqlite3.Connection, email: str) -> str:
+        """:func:`credential_name`, made unique (addresses like a.b@x and a-b@x would otherwise share it, and a
+        name may be taken by a credential ``goblin researchers issue`` wrote, or revoked)."""
+        from goblin_dask.credentials import revoked_names
+
         name = credential_name(email)
         taken = db.execute("SELECT 1 FROM requests WHERE credential_name = ? AND email != ?", (name, email)).fetchone()
-        return f"{name}-{hashlib.sha256(email.encode()).hexdigest()[:6]}" if taken else name
+        if taken or (self.directory / f"{name}.credential").exists() or name in revoked_names(self.state_dir):
+            return f"{name}-{hashlib.sha256(email.encode()).hexdigest()[:6]}"
+        return name

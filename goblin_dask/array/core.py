@@ -35,7 +35,7 @@ from dask._task_spec import TaskRef
 
 from goblin_dask.array.keys import block_key, new_name
 from goblin_dask.array.numpy_api import implements
-from goblin_dask.array.placement import placement_for
+from goblin_dask.array.placement import placement_reason
 from goblin_dask.ops import CatalogTask, get
 from goblin_dask.ops._factories import check_dtype
 from goblin_dask.ops.registry import by_operator
@@ -448,13 +448,13 @@ def from_graph(name: str, layer: dict, chunks, dtype, dependencies: Sequence[Arr
 
 
 def catalog_task(key: Any, opname: str, *operands: Any, avals: Sequence[Any] | None = None,
-                 placement: str | None = None, **params: Any) -> CatalogTask:
+                 placement: str | None = None, why: str | None = None, **params: Any) -> CatalogTask:
     """A CatalogTask placed by cost (see :mod:`goblin_dask.array.placement`), or at ``placement`` when given
-    (a product the lab computes itself, whatever its tiles' sizes)."""
+    (a product the lab computes itself, whatever its tiles' sizes, and ``why``)."""
     op = get(opname)
     if placement is None:
-        placement = placement_for(op, *(avals if avals is not None else operands), **params)
-    return CatalogTask(key, op, *operands, placement=placement, **params)
+        placement, why = placement_reason(op, *(avals if avals is not None else operands), **params)
+    return CatalogTask(key, op, *operands, placement=placement, why=why, **params)
 
 
 #: What :func:`blockwise` asks for each output block: ``(operands, their avals or None, params)``.

@@ -347,7 +347,7 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
     name = new_name("matmul", a.name, b.name, *(() if bias is None else (bias.name,)))
     from dask._task_spec import TaskRef
 
-    task = functools.partial(catalog_task, placement="lab" if lab else None)  # None: placed by cost
+    task = functools.partial(catalog_task, placement="lab", why=lab) if lab else catalog_task  # else: by cost
     layer = {}
     nk = a.numblocks[1]
     for i in range(a.numblocks[0]):
@@ -370,17 +370,18 @@ def _matmul2(a: Array, b: Array, bias: Array | None = None) -> Array:
                       dependencies=[a, b] + ([] if bias is None else [bias]))
 
 
-def _lab_product(a: Array, b: Array, bm: int, bk: int, bn: int) -> bool:
+def _lab_product(a: Array, b: Array, bm: int, bk: int, bn: int) -> str | None:
     """Would every tile of ``a @ b`` cut to ``(bm, bk, bn)`` run on the lab worker (the placement rule)?
+    Why (:data:`~goblin_dask.array.placement.KEPT_AT_LAB`), or None: the tiles go to volunteers.
 
     The largest tile decides: smaller ones have fewer flops per element and go to the lab too, and a
     chain's ``matmul_accumulate`` steps (an accumulator more to move for the same flops) follow its first
     ``matmul``.  Such a product is the lab's own work: cutting it into max-share tiles, or into tiles that
     fit a volunteer's memory, only multiplies its tasks (a language model's residual stream carries its
     small embedding tables' elements: 128x32 tiles, chains of 32 steps, all on the lab)."""
-    from goblin_dask.array.placement import placement_for
+    from goblin_dask.array.placement import placement_reason
 
-    return placement_for(get("matmul"), Aval((bm, bk), a.dtype), Aval((bk, bn), b.dtype)) == "lab"
+    return placement_reason(get("matmul"), Aval((bm, bk), a.dtype), Aval((bk, bn), b.dtype))[1]
 
 
 def _lab_blocks(m: int, k: int, n: int, itemsize: int, budget: float) -> tuple[int, int, int]:

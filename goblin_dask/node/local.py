@@ -132,6 +132,9 @@ class LabNode:
 
     def _connect(self, n_workers: int, timeout: float, parts: list[str]) -> None:
         self.client = admin.admin_client(self.state_dir, self.address, set_as_default=True, timeout=timeout)
+        from goblin_dask.array.placement import watch
+
+        watch(self.client)  # it says when no task of a computation leaves the lab
         self._wait_until_joined(lambda: len(self.client.scheduler_info(n_workers=-1)["workers"]) >= n_workers, parts,
                                 timeout, lambda: f"only {len(self.client.scheduler_info()['workers'])} of {n_workers} "
                                              f"workers joined within {timeout:.0f} s")
@@ -262,13 +265,44 @@ def connect(address: str, credential: str | os.PathLike | None = None, **kwargs:
     role = cred.certificate_role()
     if role not in CLIENT_ROLES:
         raise FatalConnectError(wrong_role_message(role, address), EXIT_WRONG_ROLE)
+    if _revoked_on_node(address, cred, float(kwargs.get("timeout") or 10)):
+        raise fatal_connect_error(address, f"credential of {cred.name!r} was revoked")
     try:
-        return Client(address, security=cred.security(), **kwargs)
+        from goblin_dask.array.placement import watch
+
+        return watch(Client(address, security=cred.security(), **kwargs))  # it says when no task leaves the lab
     except (OSError, TimeoutError) as e:
         fatal = fatal_connect_error(address, _causes(e))
         if fatal is not None:
             raise fatal from None
         raise
+
+
+def _revoked_on_node(address: str, cred, timeout: float) -> bool:
+    """Does the node say ``cred`` was revoked (``goblin_check_credential``)?  Asked before the Client connects:
+    the node refuses a revoked researcher's ``register-client``, which a Client does not wait an answer for (it
+    would time out, saying nothing).  False when the node cannot be asked: the Client's own errors say why."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import connect as comm_connect
+
+    from goblin_dask.node import rpc as handlers
+
+    async def ask() -> bool:
+        comm = await comm_connect(address, timeout=timeout, **cred.security().get_connection_args("client"))
+        try:
+            await comm.write({"op": handlers.CHECK_CREDENTIAL, "reply": True})
+            answer = await asyncio.wait_for(comm.read(), timeout)
+        finally:
+            await comm.close()
+        return isinstance(answer, dict) and answer.get("revoked") is True
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop, whatever runs in this thread
+        try:
+            return pool.submit(asyncio.run, ask()).result()
+        except Exception:
+            return False
 
 
 def _causes(e: BaseException) -> str:

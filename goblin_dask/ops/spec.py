@@ -329,14 +329,18 @@ def get_backend() -> str:
 class CatalogTask(Task):
     """A dask Task whose callable is a catalog op; the only task a volunteer runs.
 
-    ``placement`` says where the lab node may place it ("volunteer" or "lab").
-    ``block_fusion`` keeps dask's linear fusion from hiding it inside a subgraph task.
+    ``placement`` says where the lab node may place it ("volunteer" or "lab"); ``why``, for a
+    lab-placed task, the reason (a key of :data:`goblin_dask.array.placement.KEPT_AT_LAB`), which the
+    lab node counts in its report.  ``block_fusion`` keeps dask's linear fusion from hiding it inside a
+    subgraph task.
     """
 
-    __slots__ = ("placement",)
+    __slots__ = ("placement", "why")
     placement: str
+    why: str | None
 
-    def __init__(self, key: Any, op: OpSpec, /, *args: Any, placement: str | None = None, **params: Any):
+    def __init__(self, key: Any, op: OpSpec, /, *args: Any, placement: str | None = None, why: str | None = None,
+                 **params: Any):
         if not isinstance(op, OpSpec):
             raise TypeError(f"CatalogTask needs a catalog op, got {op!r}")
         super().__init__(key, op, *args, **params)
@@ -344,8 +348,9 @@ class CatalogTask(Task):
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         if op.placement == "lab":
-            placement = "lab"
+            placement, why = "lab", "lab-only"
         self.placement = placement
+        self.why = why if placement == "lab" else None
 
     @property
     def block_fusion(self) -> bool:
@@ -356,7 +361,7 @@ class CatalogTask(Task):
         return self.func
 
     def copy(self) -> "CatalogTask":
-        return CatalogTask(self.key, self.func, *self.args, placement=self.placement, **self.kwargs)
+        return CatalogTask(self.key, self.func, *self.args, placement=self.placement, why=self.why, **self.kwargs)
 
     def _get_token(self) -> str:
         """dask's token of the task (it names the graph a client submits); a stage program is named by the
@@ -452,7 +457,8 @@ class LabChain(Task):
         steps = [s.substitute(outer) for s in self.steps]
         if key is not None and key != self.key:
             last = steps[-1]
-            steps[-1] = CatalogTask(key, last.func, *last.args, placement=last.placement, **last.kwargs)
+            steps[-1] = CatalogTask(key, last.func, *last.args, placement=last.placement, why=last.why,
+                                    **last.kwargs)
         return LabChain(key or self.key, steps)
 
     def __repr__(self) -> str:

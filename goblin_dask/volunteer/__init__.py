@@ -1,6 +1,6 @@
 """The volunteer agent: a ``dask worker`` that runs catalog operations and nothing else.
 
-It holds that line by itself, whatever the lab node sends (see README, "What a
+It holds that line by itself, whatever the lab node sends (see docs/design.md, "What a
 volunteer accepts"):
 
 1. every unpickling in the process goes through :mod:`goblin_dask.safe_pickle`

@@ -79,7 +79,7 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
     # No sampling profiler on a lent machine: every task is a catalog kernel (nothing to learn
     # from its stacks) and sampling busy threads every 10 ms costs the lender's CPU.
     dask.config.set({"distributed.worker.profile.enabled": False})
-    # The lab reads no compressed frames from a volunteer (README, "What the lab accepts").
+    # The lab reads no compressed frames from a volunteer (docs/design.md, "What the lab accepts").
     dask.config.set({"distributed.comm.compression": False})
 
     from goblin_dask.tls import Credential

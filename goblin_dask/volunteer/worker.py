@@ -12,7 +12,7 @@ import time
 
 logger = logging.getLogger(__name__)
 
-#: Worker RPC handlers a volunteer refuses, and why (listed in README.md).
+#: Worker RPC handlers a volunteer refuses, and why (listed in docs/design.md).
 BLOCKED_HANDLERS = {
     "run": "runs a pickled function (client.run)",
     "run_coroutine": "runs a pickled coroutine",
@@ -57,7 +57,7 @@ def volunteer_worker_class():
     class VolunteerWorker(Worker):
         """A distributed Worker that refuses everything but catalog operations.
 
-        It also speaks to the lab only as the lab accepts (README, "What the lab accepts
+        It also speaks to the lab only as the lab accepts (docs/design.md, "What the lab accepts
         from a volunteer"): it never announces the inputs it fetched (``add-keys``: a
         volunteer is no source of lab data; it frees them itself once its tasks used
         them), and its errors travel as text, never as pickled exceptions.
