@@ -130,11 +130,16 @@ class StreamGuardPlugin(SchedulerPlugin):
         (a lab worker answers a volunteer's ``get_data`` of nothing else: :mod:`goblin_dask.node.lab_worker`)."""
         if not inputs:
             return
-        msg = {"op": rpc.MAY_FETCH, "volunteer": self.admission.names.get(worker, worker), "keys": list(inputs)}
-        for lab in self.admission.lab_workers():
+        by_holder: dict[str, list] = {}  # only the lab workers that hold an input: no scan of the workers per task
+        for key, holders in inputs.items():
+            for holder in holders or ():
+                if self.admission.is_lab(holder):
+                    by_holder.setdefault(holder, []).append(key)
+        volunteer = self.admission.names.get(worker, worker)
+        for lab, keys in by_holder.items():
             stream = self.scheduler.stream_comms.get(lab)
             if stream is not None:
-                stream.send(msg)
+                stream.send({"op": rpc.MAY_FETCH, "volunteer": volunteer, "keys": keys})
 
     def _give(self, worker: str, key: Any, run_id: Any) -> None:
         given = self.given.get(worker)

@@ -41,7 +41,11 @@ def _records(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == PLACEMENT_LOG]
 
 
-def test_a_small_product_kept_at_the_lab_is_counted_with_why_and_said_once_in_the_researchers_log(lab, caplog):
+def test_a_small_product_kept_at_the_lab_is_counted_with_why_and_said_once_in_the_researchers_log(
+        lab, caplog, monkeypatch):
+    from goblin_dask.array import placement
+
+    monkeypatch.setattr(placement, "_WARNED", set())  # a fresh researcher's process: no earlier test warned it
     path = _researcher(lab, "where-small")
     rng = np.random.default_rng(310)
     a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
