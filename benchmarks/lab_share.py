@@ -1,7 +1,7 @@
 """The lab's share of the work (issue 28): CPU seconds per process, bytes on the wire, round trips.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/lab_share.py [--quick] [--write]
-        [--d-model 256 --layers 4] [--only LM]
+        [--d-model 256 --layers 4] [--only LM] [--stages 4]
 
 With volunteers on machines of their own, the lab node's processes bound how fast the grid can go,
 so wall time on this 2-core machine (every process on the same cores) says little.  For each
@@ -23,8 +23,9 @@ workload, on ``LabNode.local(volunteers=2)``, over the measured repetitions (aft
   round trips) and assumes the volunteers' work splits N ways.
 
 Workloads (the issue's three): a training round of the GPT language model (``--d-model``, ``--layers``,
-seq 128, batch 32, 4 micro-batches, AdamW), a captured forward pass of the same model (batch 16), and
-the 4096 x 4096 float32 product from numpy (second compute).
+seq 128, batch 32, 4 micro-batches, AdamW), a captured forward pass of the same model (batch 16), whole
+and cut into ``--stages`` stages (as a model larger than one volunteer thread's share is), and the
+4096 x 4096 float32 product from numpy (second compute).
 """
 
 from __future__ import annotations
@@ -184,7 +185,12 @@ def lm_round(node, wire, args, inner_steps: int = 1) -> dict:
     return out
 
 
-def gpt_forward(node, wire, args) -> dict:
+def gpt_forward(node, wire, args, stages: int = 1) -> dict:
+    """The captured forward pass; ``stages`` > 1: with ``goblin.stage.memory-fraction`` lowered until the model
+    is cut into about that many stages (as a model larger than a volunteer thread's share would be)."""
+    import contextlib
+
+    import dask
     import torch
 
     import goblin_dask
@@ -199,15 +205,23 @@ def gpt_forward(node, wire, args) -> dict:
         want = model(tids).numpy()
     torch.set_num_threads(2)
     graph = goblin_dask.capture(model, (tids,))
-    graph(ids).compute()  # warm-up: the constants go up once, kernels compile
-    out_arr = graph(ids)
-    trips = round_trips(out_arr)
-    m = Measure(node, wire)
-    rep0 = node.report()
-    m.start()
-    for _ in range(args.repeat):
-        got = graph(ids).compute()
-    out = m.stop(args.repeat)
+    cut = contextlib.nullcontext()
+    if stages > 1:
+        from goblin_dask.torch_capture.graph import stage_budget
+
+        params = sum(v.nbytes for v in graph.constants.values())
+        fraction = float(dask.config.get("goblin.stage.memory-fraction")) * params / stages / stage_budget()
+        cut = dask.config.set({"goblin.stage.memory-fraction": fraction})
+    with cut:
+        graph(ids).compute()  # warm-up: the constants go up once, kernels compile
+        out_arr = graph(ids)
+        trips = round_trips(out_arr)
+        m = Measure(node, wire)
+        rep0 = node.report()
+        m.start()
+        for _ in range(args.repeat):
+            got = graph(ids).compute()
+        out = m.stop(args.repeat)
     rep1 = node.report()
     out.update(reference=reference, trips=trips, tasks=(rep1["tasks"] - rep0["tasks"]) / args.repeat,
                param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -238,7 +252,9 @@ def product(node, wire, args) -> dict:
 
 
 WORKLOADS = {"LM": lm_round, "LM local steps": lambda node, wire, args: lm_round(node, wire, args, args.inner_steps),
-             "forward": gpt_forward, "product": product}
+             "forward": gpt_forward,
+             "forward in stages": lambda node, wire, args: gpt_forward(node, wire, args, args.stages),
+             "product": product}
 
 
 def row(name: str, r: dict, volunteers: int, idle: dict) -> str:
@@ -274,6 +290,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="measured training rounds (after one more)")
     p.add_argument("--repeat", type=int, default=3, help="measured forward passes; the reference's best of")
     p.add_argument("--n", type=int, default=4096, help="the product's size")
+    p.add_argument("--stages", type=int, default=4,
+                   help="also the forward pass cut into this many stages (a model larger than one stage); < 2: not")
     p.add_argument("--only", default="", help="run only the workloads whose name holds this (LM, forward, product)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     p.add_argument("--write", action="store_true", help=f"write {SECTION!r} of benchmarks/RESULTS.md")
@@ -295,7 +313,8 @@ def main(argv=None) -> int:
         print("idle CPU-s per s:", {k: round(v, 4) for k, v in idle.items()}, flush=True)
         try:
             for name, fn in WORKLOADS.items():
-                if (args.only and args.only not in name) or (name == "LM local steps" and args.inner_steps < 2):
+                if (args.only and args.only not in name) or (name == "LM local steps" and args.inner_steps < 2) \
+                        or (name == "forward in stages" and args.stages < 2):
                     continue
                 t = time.perf_counter()
                 results[name] = fn(node, wire, args)
@@ -307,6 +326,8 @@ def main(argv=None) -> int:
               "LM": f"LM training round, GPT d_model {args.d_model}, {args.layers} layers, seq {args.seq}, batch "
                     f"{args.batch}, {args.micro_batches} micro-batches (AdamW)",
               "forward": f"captured GPT forward, same model, batch {args.forward_batch}",
+              "forward in stages": f"captured GPT forward, same model and batch, cut into {args.stages} stages "
+                                   "(a pipeline of stage tasks)",
               "product": f"{args.n}x{args.n} float32 product from numpy, second compute"}
     text = [SECTION, "", f"`{cmd}`: {volunteers} volunteers, one run.  CPU seconds per round / pass / product "
             "(user + system); reference = torch's or numpy's own CPU for the same work, one thread; lab = "

@@ -479,9 +479,7 @@ def _refusal(error: PermissionError) -> dict:
 def _authorized(op: str, handler, volunteer_call=None, researcher_call=None):
     """``handler`` behind the role check; a volunteer's call also passes ``volunteer_call(name, op, msg)``, a
     researcher's ``researcher_call(name, op)``."""
-    import inspect
-
-    expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+    call = rpc.handler_caller(handler)
     if op == "register-client":
         allowed = lambda role: role in CLIENT_ROLES  # noqa: E731
     else:
@@ -506,10 +504,7 @@ def _authorized(op: str, handler, volunteer_call=None, researcher_call=None):
             except PermissionError as e:
                 logger.warning("refused '%s' from volunteer %s: %s", op, peer[1], e)
                 return _refusal(e)
-        result = handler(comm, **msg) if expects_comm else handler(**msg)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await call(comm, msg)
 
     authorized.__name__ = getattr(handler, "__name__", op)
     return authorized

@@ -272,6 +272,84 @@ def test_a_captured_gpt_runs_as_stage_tasks_on_the_grid(stage_grid):
     assert after["rejected"] == before["rejected"]
 
 
+def _program_depth(dsk: dict) -> int:
+    """The longest chain of program tasks in ``dsk``: the lab -> volunteer -> lab trips one after another."""
+    programs = {k for k, v in dsk.items() if isinstance(v, CatalogTask) and v.op.name == "program"}
+    depth: dict = {}
+
+    def walk(key) -> int:
+        if key not in depth:
+            task = dsk.get(key)
+            below = max((walk(d) for d in getattr(task, "dependencies", ()) if d in dsk), default=0)
+            depth[key] = below + (key in programs)
+        return depth[key]
+
+    return max((walk(k) for k in dsk), default=0)
+
+
+def _pipelined_gpt(stages: int):
+    """A 4-layer GPT, its captured graph, a batch, and a ``goblin.stage.memory-fraction`` that makes the model
+    about ``stages`` stages (the budget is a fraction of a volunteer thread's memory)."""
+    import goblin_dask
+    from goblin_dask.torch_capture.graph import stage_budget
+
+    torch.manual_seed(5)
+    model = gpt(64, 32, 4, 16, 2).eval()
+    ids = np.random.default_rng(6).integers(0, 64, (6, 16))
+    graph = goblin_dask.capture(model, torch.as_tensor(ids))
+    params = sum(v.nbytes for v in graph.constants.values())
+    fraction = float(dask.config.get("goblin.stage.memory-fraction")) * (params / stages) / stage_budget()
+    return model, graph, ids, fraction
+
+
+def test_a_captured_gpt_larger_than_one_stage_runs_as_a_pipeline_of_stage_tasks(stage_grid):
+    """A model whose parameters exceed ``goblin.stage.memory-fraction`` of a volunteer thread: cut into stages
+    that each fit, one stage task per stage and slice of the batch, activations crossing each cut once (through
+    the lab, which verifies them first), each task holding its own stage's parameters only; torch's numbers."""
+    from goblin_dask.torch_capture.graph import _held_bytes, stage_budget
+
+    model, graph, ids, fraction = _pipelined_gpt(stages=3)
+    before = stage_grid.report()
+    with dask.config.set({"goblin.stage.memory-fraction": fraction}):
+        budget = stage_budget()
+        env = graph._inputs([ids])
+        plan = graph.stage_plan(env, budget)
+        lab = set(graph.constants) | set(graph._folded())
+        held = [_held_bytes(graph, env, [r for r in stage.inputs if r in lab]) for stage in plan]
+        assert len(plan) >= 3 and max(held) <= budget < sum(held), (held, budget)
+        # every node in exactly one stage, in the model's order
+        assert [n for stage in plan for n in stage.nodes] == [n["name"] for n in graph.nodes
+                                                             if n["name"] not in graph._folded()]
+        out = graph(ids)
+        dsk = dict(out.__dask_graph__())
+    programs = [k for k, v in dsk.items() if isinstance(v, CatalogTask) and v.op.name == "program"]
+    assert len(programs) == 2 * len(plan)  # a slice of the batch per volunteer thread, each through every stage
+    assert _program_depth(dsk) == len(plan)  # one trip per stage, never one per op
+    got = out.compute()
+    np.testing.assert_allclose(got, model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4, atol=1e-5)
+    after = stage_grid.report()
+    checked = lambda r: sum(r["by_method"].get(m, 0) for m in ("replica", "audit"))  # noqa: E731
+    assert checked(after) - checked(before) == 2 * len(programs)  # every stage task and its replica, before use
+    assert after["rejected"] == before["rejected"]
+
+
+def test_a_cheater_inside_a_pipeline_stage_is_caught_and_the_pass_is_torchs():
+    """One volunteer scales every stage task's outputs by 1.001: its replica on the honest volunteer disagrees,
+    the lab recomputes, rejects and bans it; no wrong activation reaches the next stage."""
+    from goblin_dask.node.local import LabNode
+
+    with LabNode.local(volunteers=1) as node:
+        cheater = node.add_volunteer(module="tests.cheaters", extra_args=("--cheat", "scale", "--cheat-op", "program"))
+        model, graph, ids, fraction = _pipelined_gpt(stages=3)
+        with dask.config.set({"goblin.stage.memory-fraction": fraction}):
+            out = graph(ids)
+        got = node.client.compute(out).result()
+        np.testing.assert_allclose(got, model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4, atol=1e-5)
+        report = node.report()
+        assert report["volunteers"][cheater]["rejected"] >= 1, report
+        assert all(v["rejected"] == 0 for n, v in report["volunteers"].items() if n != cheater), report
+
+
 def _torch_round(model, opt, x, y, micro):
     opt.zero_grad()
     total = 0.0

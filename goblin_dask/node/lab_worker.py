@@ -126,18 +126,13 @@ class LabWorker(Worker):
 
 def _volunteers_call_only_their_fetches(op: str, handler):
     """``handler`` of the lab worker; a volunteer's connection calls only :data:`VOLUNTEER_LAB_HANDLERS`."""
-    import inspect
-
-    expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+    call = rpc.handler_caller(handler)
 
     async def lab_handler(comm, **msg):
         if isinstance(comm, link.VolunteerComm) and op not in VOLUNTEER_LAB_HANDLERS:
             logger.warning("refused '%s' from volunteer %s", op, comm.volunteer)
             raise PermissionError(f"goblin lab worker: '{op}' is not allowed for volunteer {comm.volunteer}")
-        result = handler(comm, **msg) if expects_comm else handler(**msg)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await call(comm, msg)
 
     lab_handler.__name__ = getattr(handler, "__name__", op)
     return lab_handler

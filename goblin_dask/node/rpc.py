@@ -39,3 +39,22 @@ ACTIVATE = "goblin_activate"
 #: Scheduler -> lab worker stream message: a volunteer was given tasks whose inputs the lab worker holds, and
 #: may fetch them (``{"volunteer": name, "keys": [...]}``; goblin_dask.node.lab_worker).
 MAY_FETCH = "goblin-may-fetch"
+
+
+# -- calling a handler behind a check ----------------------------------------------------------
+
+
+def handler_caller(handler):
+    """``await call(comm, msg)``: ``handler`` called as distributed calls it (with the comm when its first
+    parameter is named ``comm``; awaited when it returns an awaitable), for wrappers that check a call first."""
+    import inspect
+
+    expects_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+
+    async def call(comm, msg: dict):
+        result = handler(comm, **msg) if expects_comm else handler(**msg)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    return call

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -329,13 +329,101 @@ class Graph:
 
         return any("random" in aten.TABLE[n["op"]].needs for n in self.nodes)
 
-    def _staged(self, env: dict[str, Any], slices: int | None = None) -> tuple | None:
-        """The outputs as stage tasks, one per slice of the batch (:func:`stage_slices`), or None: op by op."""
+    def stage_plan(self, env: Mapping[str, Any], budget: float) -> list[Stage] | None:
+        """The pass cut into consecutive stages whose own arrays (constants, folded nodes, inputs with no batch
+        axis) each fit ``budget`` bytes, in the order of the nodes (a pipeline: activations cross each cut once);
+        None where one node alone reads more than that."""
+        folded = self._folded()
+        inputs = [i["name"] for i in self.inputs]
+        lab = set(self.constant_specs) | set(folded)
+        shapes, batched = _input_shapes(self, env)
+        held_inputs = {n for n, b in zip(inputs, batched) if not b}
+        nodes = [n for n in self.nodes if n["name"] not in folded]
+        groups: list[list[dict]] = [[]]
+        held: set[str] = set()
+        for n in nodes:
+            reads = {r for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())) if r in lab or r in held_inputs}
+            if _held_bytes(self, env, reads) > budget:
+                return None
+            if groups[-1] and _held_bytes(self, env, held | reads) > budget:
+                groups.append([])
+                held = set()
+            groups[-1].append(n)
+            held |= reads
+        made = {n["name"]: s for s, group in enumerate(groups) for n in group}
+        read_later: list[set[str]] = [set() for _ in groups]  # what each stage's nodes read from earlier stages
+        for s, group in enumerate(groups):
+            for n in group:
+                for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+                    if made.get(r, s) < s:
+                        read_later[made[r]].add(r)
+        for r in _refs(list(self.outputs)):
+            if r in made:
+                read_later[made[r]].add(r)
+        plan, earlier = [], []
+        for s, group in enumerate(groups):
+            reads = []
+            for n in group:
+                for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+                    if r not in reads and made.get(r, -1) != s:
+                        reads.append(r)
+            # the stage's inputs in a fixed order: the call's inputs, the model's arrays, then earlier stages' values
+            order = [r for r in inputs if r in reads] + [r for r in reads if r in lab] + \
+                    [r for r in earlier if r in reads]
+            outputs = [n["name"] for n in group if n["name"] in read_later[s]]
+            plan.append(Stage(tuple(n["name"] for n in group), tuple(order), tuple(outputs)))
+            earlier += outputs
+        return plan
+
+    def _stage_program_of(self, stage: Stage, names: Sequence[str], avals: Sequence[Any], literals: Mapping[str, Any],
+                          plan_key: tuple) -> tuple[Any, dict]:
+        """One stage of a :meth:`stage_plan` as a program reading the arrays ``names`` of ``avals``, with the
+        earlier stages' values that are no arrays (sizes, shapes) bound as ``literals``: ``(program or None,
+        {output: value} of its outputs that are no arrays)``, cached per shapes and literals."""
         from goblin_dask.array import program as prog
 
-        slices = stage_slices(self, env, slices)
+        cache = self.__dict__.setdefault("_programs", {})
+        key = ("stage", plan_key, stage.nodes[0], tuple((tuple(a.shape), str(a.dtype)) for a in avals),
+               tuple(sorted((k, repr(v)) for k, v in literals.items())))
+        if key not in cache:
+            members = set(stage.nodes)
+            nodes = [n for n in self.nodes if n["name"] in members]
+            static: dict[str, Any] = {}
+
+            def fn(*arrays):
+                import goblin_dask.array as ga
+                from goblin_dask.array.linalg import one_reading_of_the_workers
+                from goblin_dask.torch_capture import aten
+
+                env = {**literals, **dict(zip(names, arrays))}
+                with one_reading_of_the_workers():
+                    for n in nodes:
+                        env[n["name"]] = _whole(_run_node(n, env, ga, aten))
+                static.update({o: env[o] for o in stage.outputs if not isinstance(env[o], ga.Array)})
+                return [env[o] for o in stage.outputs]
+
+            try:
+                cache[key] = (prog.trace(fn, avals), static)
+            except (prog.ProgramUnavailable, NotImplementedError, TypeError) as e:
+                logger.info("the captured graph runs op by op, not as stage tasks: %s", e)
+                cache[key] = (None, {})
+        return cache[key]
+
+    def _staged(self, env: dict[str, Any], slices: int | None = None) -> tuple | None:
+        """The outputs as stage tasks, one per slice of the batch (:func:`stage_slices`) and stage of the model
+        (:meth:`stage_plan`), or None: op by op."""
+        from goblin_dask.array import program as prog
+
+        slices = stage_slices(self, env, slices, whole=False)
         if not slices:
             return None
+        if self._draws_random():  # a random operator's seed is a literal of its task (see stage_program)
+            return None
+        plan = self.stage_plan(env, stage_budget())
+        if plan is None:
+            return None
+        if len(plan) > 1:
+            return self._pipelined(env, plan, slices)
         import goblin_dask.array as ga
 
         names = self._stage_names()
@@ -355,6 +443,46 @@ class Graph:
             parts.append(prog.call(program, *xs, *lab))
         if len(parts) == 1:
             return tuple(parts[0])
+        return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
+
+    def _pipelined(self, env: dict[str, Any], plan: list[Stage], slices: int) -> tuple | None:
+        """The outputs of a model cut into stages: per slice of the batch, one stage task per stage, each reading
+        the activations the stages before it produced (verified at the lab, then sent on: volunteers behind
+        NAT never reach one another), so activations cross each cut once and a volunteer holds one stage's
+        parameters only."""
+        import goblin_dask.array as ga
+        from goblin_dask.array import program as prog
+        from goblin_dask.ops.spec import Aval
+
+        calls = {i["name"]: env[i["name"]] for i in self.inputs}
+        calls = {k: x.array() if isinstance(x, _LazyConstant) else x for k, x in calls.items()}
+        batched = {i["name"]: bool(i["shape"]) and isinstance(i["shape"][0], str) for i in self.inputs}
+        batch = min((x.shape[0] for k, x in calls.items() if batched[k]), default=1)
+        slices = 1 if not any(batched.values()) else min(slices, batch)
+        plan_key = tuple(s.nodes[0] for s in plan)
+        parts = []
+        for b in range(slices):
+            lo, hi = b * batch // slices, (b + 1) * batch // slices
+            values: dict[str, Any] = {k: x[lo:hi] if batched[k] and slices > 1 else x for k, x in calls.items()}
+            for stage in plan:
+                names, xs, literals = [], [], {}
+                for r in stage.inputs:
+                    x = values[r] if r in values else self._constant(r)
+                    if r in values and r not in calls and not isinstance(x, ga.Array):
+                        literals[r] = x  # a size or shape an earlier stage computed: the same for every call
+                    else:
+                        names.append(r)
+                        xs.append(x)
+                program, static = self._stage_program_of(stage, names, [Aval.of(x) for x in xs], literals, plan_key)
+                if program is None:
+                    return None
+                values.update(zip(stage.outputs, prog.call(program, *xs)))
+                values.update(static)
+            lab = {k: _LazyConstant(self, k) for k in self.constant_specs if k not in values}
+            lab.update({k: _LazyConstant(self, k) for k in self._folded() if k not in values})
+            parts.append(tuple(_resolve(_decode(o, {**lab, **values})) for o in self.outputs))
+        if len(parts) == 1:
+            return parts[0]
         return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
 
     # -- the form with no pickle ---------------------------------------------------------------
@@ -405,6 +533,16 @@ class Graph:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{i['dtype']}{list(i['shape'])}" for i in self.inputs)
         return f"<goblin_dask.Graph ({shapes}) -> {len(self.outputs)} output(s), {len(self.nodes)} nodes>"
+
+
+class Stage(NamedTuple):
+    """One stage of a pass cut for volunteers' memory (:meth:`Graph.stage_plan`): the names of its ``nodes``,
+    in order; what it reads (``inputs``: the call's inputs, the model's arrays, earlier stages' values); which
+    of its values later stages or the model's outputs read (``outputs``)."""
+
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
 
 
 class _LazyConstant:
@@ -475,18 +613,45 @@ def volunteer_threads() -> int:
     return sum(int(w.get("nthreads", 1)) for w in _workers_info() if VOLUNTEER_RESOURCE in (w.get("resources") or {}))
 
 
-def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None) -> int:
+def stage_budget() -> float:
+    """Bytes of a model's own arrays one stage task may hold: ``goblin.stage.memory-fraction`` of the smallest
+    volunteer thread's memory."""
+    from goblin_dask import settings
+    from goblin_dask.array.linalg import volunteer_capacity
+
+    memory, _ = volunteer_capacity()
+    return memory * float(settings.get("goblin.stage.memory-fraction"))
+
+
+def _input_shapes(graph: Graph, env: Mapping[str, Any]) -> tuple[list[tuple], list[bool]]:
+    """The call's input shapes, and which inputs have a batch axis."""
+    xs = [env[i["name"]] for i in graph.inputs]
+    shapes = [x.value.shape if isinstance(x, _LazyConstant) else x.shape for x in xs]
+    return shapes, [bool(i["shape"]) and isinstance(i["shape"][0], str) for i in graph.inputs]
+
+
+def _held_bytes(graph: Graph, env: Mapping[str, Any], names: Iterable[str]) -> int:
+    """Bytes of the model's own arrays among ``names`` (constants, folded nodes, inputs with no batch axis): what
+    a stage task reading them holds whatever its slice of the batch."""
+    shapes, batched = _input_shapes(graph, env)
+    unbatched = {i["name"]: int(np.prod(s)) * np.dtype(i["dtype"]).itemsize
+                 for s, b, i in zip(shapes, batched, graph.inputs) if not b}
+    inputs = {i["name"] for i in graph.inputs}
+    return sum(unbatched.get(k, 0) if k in inputs else graph._constant_value(k).nbytes for k in names)
+
+
+def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None, *, whole: bool = True) -> int:
     """How many stage tasks a pass is cut into along the batch (0: none, run op by op).
 
     Stage tasks need a lab node with volunteers (``goblin.stage.tasks``, on by default) and a model
     whose arrays besides the batch (constants, and inputs with no batch axis: a Trainer's parameters)
-    fit ``goblin.stage.memory-fraction`` of the smallest volunteer thread's memory, none of them over
+    fit ``goblin.stage.memory-fraction`` of the smallest volunteer thread's memory (``whole``; else the
+    caller cuts the model into stages that each fit, :meth:`Graph.stage_plan`), none of them over
     ``goblin.minimization.parameters-max-share``'s cap; a larger model runs op by op, its products cut
     into tiles.  ``slices`` given: that many.  Else one task per
     volunteer thread, at most one per batch row, at least ``1 / max-share`` when an input is capped
     lab data, so that no task holds more of it than a product tile would."""
     from goblin_dask import settings
-    from goblin_dask.array.linalg import volunteer_capacity
     from goblin_dask.array.sources import share_cap, upload_client
 
     if not settings.get("goblin.stage.tasks") or upload_client() is None:
@@ -494,14 +659,8 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
     threads = volunteer_threads()
     if not threads:
         return 0
-    xs = [env[i["name"]] for i in graph.inputs]
-    shapes = [x.value.shape if isinstance(x, _LazyConstant) else x.shape for x in xs]
-    batched = [bool(i["shape"]) and isinstance(i["shape"][0], str) for i in graph.inputs]
-    resident = sum(graph._constant_value(k).nbytes for k in graph._stage_names()[len(graph.inputs):])
-    resident += sum(int(np.prod(s)) * np.dtype(i["dtype"]).itemsize
-                    for s, b, i in zip(shapes, batched, graph.inputs) if not b)
-    memory, _ = volunteer_capacity()
-    if resident > memory * float(settings.get("goblin.stage.memory-fraction")):
+    shapes, batched = _input_shapes(graph, env)
+    if whole and _held_bytes(graph, env, graph._stage_names()) > stage_budget():
         return 0
     # a stage task holds every parameter whole: not where goblin.minimization.parameters-max-share caps them
     lab = [graph._constant_value(k).size for k in graph._stage_names()[len(graph.inputs):]]
