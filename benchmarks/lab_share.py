@@ -133,9 +133,14 @@ def reference_cpu(fn, repeat: int) -> float:
     return best
 
 
-def lm_round(node, wire, args, inner_steps: int = 1) -> dict:
+def lm_round(node, wire, args, inner_steps: int = 1, stages: int = 1) -> dict:
     """A training round of the GPT; ``inner_steps`` H > 1: local steps (DiLoCo), ``micro_batches`` workers each
-    taking H steps, a round of H times the batch, its reference H of torch's synchronous steps."""
+    taking H steps, a round of H times the batch, its reference H of torch's synchronous steps.  ``stages`` > 1:
+    the Trainer's ``stage_memory`` (and the stage budget, all of it) a ``stages``-th of the parameter bytes, as
+    for a model larger than a volunteer: each micro-batch a pipeline of stage tasks."""
+    import contextlib
+
+    import dask
     import torch
     import torch.nn.functional as F
 
@@ -167,20 +172,27 @@ def lm_round(node, wire, args, inner_steps: int = 1) -> dict:
     torch.set_num_threads(1)
     reference = reference_cpu(torch_round, args.repeat)
     torch.set_num_threads(2)
-    trainer = Trainer(model, loss_fn, torch.optim.AdamW(model.parameters(), lr=3e-4),
-                      micro_batches=args.micro_batches, client=node.client, inner_steps=inner_steps)
-    trainer.step(*batches[0])  # traces the joint graph; the model's arrays go up once
-    dsk, _ = trainer.round_graph(*batches[1])
-    trips = volunteer_chains(dsk)["round_trips"]
-    m = Measure(node, wire)
-    rep0 = node.report()
-    m.start()
-    for x, y in batches[1:]:
-        trainer.step(x, y)
-    out = m.stop(len(batches) - 1)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    cut, stage_memory = contextlib.nullcontext(), None
+    if stages > 1:
+        stage_memory = param_bytes // stages + 1
+        cut = dask.config.set({"goblin.stage.memory-fraction": 1.0})
+    with cut:
+        trainer = Trainer(model, loss_fn, torch.optim.AdamW(model.parameters(), lr=3e-4),
+                          micro_batches=args.micro_batches, client=node.client, inner_steps=inner_steps,
+                          stage_memory=stage_memory)
+        trainer.step(*batches[0])  # traces the joint graph; the model's arrays go up once
+        dsk, _ = trainer.round_graph(*batches[1])
+        trips = volunteer_chains(dsk)["round_trips"]
+        m = Measure(node, wire)
+        rep0 = node.report()
+        m.start()
+        for x, y in batches[1:]:
+            trainer.step(x, y)
+        out = m.stop(len(batches) - 1)
     rep1 = node.report()
     out.update(reference=reference, trips=trips, steps=inner_steps, tasks=(rep1["tasks"] - rep0["tasks"]) / (len(batches) - 1),
-               param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+               param_bytes=param_bytes,
                by_method={k: v - rep0["by_method"].get(k, 0) for k, v in rep1["by_method"].items()})
     return out
 
@@ -253,6 +265,7 @@ def product(node, wire, args) -> dict:
 
 WORKLOADS = {"LM": lm_round, "LM local steps": lambda node, wire, args: lm_round(node, wire, args, args.inner_steps),
              "forward": gpt_forward,
+             "LM in stages": lambda node, wire, args: lm_round(node, wire, args, stages=args.stages),
              "forward in stages": lambda node, wire, args: gpt_forward(node, wire, args, args.stages),
              "product": product}
 
@@ -314,7 +327,7 @@ def main(argv=None) -> int:
         try:
             for name, fn in WORKLOADS.items():
                 if (args.only and args.only not in name) or (name == "LM local steps" and args.inner_steps < 2) \
-                        or (name == "forward in stages" and args.stages < 2):
+                        or (name.endswith(" in stages") and args.stages < 2):
                     continue
                 t = time.perf_counter()
                 results[name] = fn(node, wire, args)
@@ -325,6 +338,8 @@ def main(argv=None) -> int:
                                 f"batch {args.batch} per step, outer Nesterov SGD (one round = {args.inner_steps} steps)",
               "LM": f"LM training round, GPT d_model {args.d_model}, {args.layers} layers, seq {args.seq}, batch "
                     f"{args.batch}, {args.micro_batches} micro-batches (AdamW)",
+              "LM in stages": f"LM training round, same model and batch, stage_memory = 1/{args.stages} of the "
+                              "parameters (a pipeline of stage tasks per micro-batch)",
               "forward": f"captured GPT forward, same model, batch {args.forward_batch}",
               "forward in stages": f"captured GPT forward, same model and batch, cut into {args.stages} stages "
                                    "(a pipeline of stage tasks)",

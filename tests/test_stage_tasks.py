@@ -333,6 +333,7 @@ def test_a_captured_gpt_larger_than_one_stage_runs_as_a_pipeline_of_stage_tasks(
     assert after["rejected"] == before["rejected"]
 
 
+@pytest.mark.slow
 def test_a_cheater_inside_a_pipeline_stage_is_caught_and_the_pass_is_torchs():
     """One volunteer scales every stage task's outputs by 1.001: its replica on the honest volunteer disagrees,
     the lab recomputes, rejects and bans it; no wrong activation reaches the next stage."""
@@ -428,6 +429,37 @@ def _parameter_numbers_in(dsk, at_least):
     for t in dsk.values():
         walk(t)
     return found
+
+
+@pytest.mark.slow
+def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_grid):
+    """A Trainer whose ``stage_memory`` cuts the model into several stages: each micro-batch's joint forward and
+    backward runs as a pipeline of stage tasks (every volunteer task a ``program``, none op by op), the
+    activations the backward reads crossing through the lab, verified; torch's losses and parameters."""
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(3)
+    model = gpt(64, 32, 4, 16, 2).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=2,
+                      client=stage_grid.client, stage_memory=80_000)
+    assert len(trainer.plan.stages) > 1
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    before = stage_grid.report()
+    for r in range(2):
+        x, y = _batch(rows=8, seed=60 + r)
+        dsk, _ = trainer.round_graph(x, y)
+        on_volunteers = [v for v in dsk.values() if isinstance(v, CatalogTask) and v.placement == "volunteer"]
+        assert on_volunteers and all(v.op.name == "program" for v in on_volunteers)
+        depth = _program_depth(dsk)
+        assert 2 <= depth <= len(on_volunteers) // 2  # the micro-batches' pipelines side by side
+        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 2), rel=1e-4)
+    state = trainer.state_dict()
+    for k, v in ref.state_dict().items():
+        if v.dtype.is_floating_point:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+    after = stage_grid.report()
+    assert after["rejected"] == before["rejected"]
 
 
 def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):

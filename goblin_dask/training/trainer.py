@@ -10,9 +10,13 @@ checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin
   tasks' packed results (:func:`optim.lab_round_packed`), and the new parameters, buffers and
   optimizer state stay on the lab worker for the next round (:func:`goblin_dask.array.sources.resident_array`):
   a round sends the batch and the parameters out once, and only the loss comes to this process.
-* **Op by op** otherwise (no volunteers, a model too big for one, random operators): the joint graph
-  built with ``ga`` calls, its products on volunteers (Freivalds-checked) and the rest placed and
-  checked like any ga computation (:func:`optim.lab_round`).
+* **Pipelines of stage tasks** for a model larger than one stage: the joint graph, called like a captured
+  pass (:meth:`Graph.stage_plan <goblin_dask.torch_capture.graph.Graph.stage_plan>`), runs as consecutive
+  stage tasks whose parameters each fit, the forward's then the backward's, each verified before the next
+  reads it; the optimizer step is op by op's.
+* **Op by op** otherwise (no volunteers, an operator whose parameters alone exceed a stage, random
+  operators): the joint graph built with ``ga`` calls, its products on volunteers (Freivalds-checked) and
+  the rest placed and checked like any ga computation (:func:`optim.lab_round`).
 * **Local steps** (``inner_steps > 1``, DiLoCo): each worker's several optimizer steps are one stage task
   returning a pseudo-gradient; the lab steps an outer optimizer with their average
   (:func:`optim.lab_outer_round_packed`).  See :class:`Trainer`.
