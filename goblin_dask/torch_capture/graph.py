@@ -339,17 +339,15 @@ class Graph:
         shapes, batched = _input_shapes(self, env)
         held_inputs = {n for n, b in zip(inputs, batched) if not b}
         nodes = [n for n in self.nodes if n["name"] not in folded]
-        groups: list[list[dict]] = [[]]
-        held: set[str] = set()
-        for n in nodes:
-            reads = {r for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())) if r in lab or r in held_inputs}
-            if _held_bytes(self, env, reads) > budget:
-                return None
-            if groups[-1] and _held_bytes(self, env, held | reads) > budget:
-                groups.append([])
-                held = set()
-            groups[-1].append(n)
-            held |= reads
+        own = [{r for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())) if r in lab or r in held_inputs}
+               for n in nodes]
+        sizes = _held_sizes(self, env)
+        if any(sum(sizes[r] for r in reads) > budget for reads in own):
+            return None
+        bounds = self._cuts(nodes, own, sizes, env, budget)
+        if bounds is None:
+            return None
+        groups = [nodes[a:b] for a, b in zip(bounds, bounds[1:])]
         made = {n["name"]: s for s, group in enumerate(groups) for n in group}
         read_later: list[set[str]] = [set() for _ in groups]  # what each stage's nodes read from earlier stages
         for s, group in enumerate(groups):
@@ -374,6 +372,71 @@ class Graph:
             plan.append(Stage(tuple(n["name"] for n in group), tuple(order), tuple(outputs)))
             earlier += outputs
         return plan
+
+    def _cuts(self, nodes: Sequence[dict], own: Sequence[set], sizes: Mapping[str, int], env: Mapping[str, Any],
+              budget: float) -> list[int] | None:
+        """Where to cut ``nodes`` (``[0, cut, ..., len(nodes)]``): the fewest stages whose own arrays each fit
+        ``budget`` (each stage is a trip through the lab), and among those the fewest activation bytes crossing
+        the cuts (a cut inside an MLP sends its hidden layer, 4x the residual stream).  None where every such
+        cut has a tuple of arrays live across it (a program returns arrays only)."""
+        crossing = self._crossing_bytes(nodes, env)
+        n = len(nodes)
+        best: list[tuple | None] = [None] * (n + 1)  # best[e]: (stages, bytes, previous cut) for nodes[:e]
+        best[0] = (0, 0.0, None)
+        for start in range(n):
+            if best[start] is None or (start and math.isinf(crossing[start])):
+                continue
+            stages, sent, _ = best[start]
+            sent += crossing[start] if start else 0.0
+            held: set[str] = set()
+            total = 0
+            for end in range(start + 1, n + 1):
+                for r in own[end - 1] - held:
+                    held.add(r)
+                    total += sizes[r]
+                if total > budget:
+                    break
+                if best[end] is None or (stages + 1, sent) < best[end][:2]:
+                    best[end] = (stages + 1, sent, start)
+        if best[n] is None:
+            return None
+        bounds, at = [n], n
+        while at:
+            at = best[at][2]
+            bounds.append(at)
+        return bounds[::-1]
+
+    def _crossing_bytes(self, nodes: Sequence[dict], env: Mapping[str, Any]) -> list[float]:
+        """Per position ``p`` in ``nodes``: the bytes of the values made before ``p`` that a node from ``p`` on,
+        or an output, reads (what a cut there sends through the lab), from each node's recorded shape and dtype
+        with the call's batch size in its symbols."""
+        symbols = {}
+        for i, (shape, _) in zip(self.inputs, zip(*_input_shapes(self, env))):
+            for s, d in zip(i["shape"], shape):
+                if isinstance(s, str) and s.isidentifier():
+                    symbols[s] = int(d)
+        size = {n["name"]: _value_bytes(n, symbols) for n in nodes}
+        position = {n["name"]: k for k, n in enumerate(nodes)}
+        last_read = {}
+        for k, n in enumerate(nodes):
+            for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+                if r in position:
+                    last_read[r] = k
+        for r in _refs(list(self.outputs)):
+            if r in position:
+                last_read[r] = len(nodes)
+        delta = [0.0] * (len(nodes) + 2)  # a value crosses every cut after it is made, up to its last reader
+        tuples = [0] * (len(nodes) + 2)  # (counted apart: inf - inf would make the sums after it NaN)
+        for r, k in last_read.items():
+            counts, amount = (tuples, 1) if math.isinf(size[r]) else (delta, size[r])
+            counts[position[r] + 1] += amount
+            counts[k + 1] -= amount
+        out, running, live = [], 0.0, 0
+        for p in range(len(nodes) + 1):
+            running += delta[p]
+            live += tuples[p]
+            out.append(math.inf if live else running)
+        return out
 
     def _stage_program_of(self, stage: Stage, names: Sequence[str], avals: Sequence[Any], literals: Mapping[str, Any],
                           plan_key: tuple) -> tuple[Any, dict]:
@@ -535,6 +598,38 @@ class Graph:
         return f"<goblin_dask.Graph ({shapes}) -> {len(self.outputs)} output(s), {len(self.nodes)} nodes>"
 
 
+def _value_bytes(node: dict, symbols: Mapping[str, int]) -> float:
+    """A node's value's bytes from its recorded shape (symbols such as ``128*s23`` evaluated with ``symbols``); 0 for
+    a size (``sym_size``, Python arithmetic on sizes); infinite for a value with no shape (a tuple of arrays: a
+    program returns arrays, so no cut may fall where one is live)."""
+    import ast
+
+    shape, dtype = node.get("shape"), node.get("dtype")
+    if not isinstance(shape, list) or not dtype:
+        return 0.0 if node["op"].startswith(("aten.sym_", "_operator.")) else math.inf
+
+    def value(e: ast.AST) -> float:
+        if isinstance(e, ast.Constant) and isinstance(e.value, (int, float)):
+            return float(e.value)
+        if isinstance(e, ast.Name):
+            return float(symbols.get(e.id, 1))
+        if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
+            a, b = value(e.left), value(e.right)
+            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(e.op), a)
+        return 1.0
+
+    n = 1.0
+    for d in shape:
+        try:
+            n *= value(ast.parse(d, mode="eval").body) if isinstance(d, str) else float(d)
+        except SyntaxError:
+            n *= 1.0
+    try:
+        return n * np.dtype(dtype).itemsize
+    except TypeError:
+        return 0.0
+
+
 class Stage(NamedTuple):
     """One stage of a pass cut for volunteers' memory (:meth:`Graph.stage_plan`): the names of its ``nodes``,
     in order; what it reads (``inputs``: the call's inputs, the model's arrays, earlier stages' values); which
@@ -630,14 +725,20 @@ def _input_shapes(graph: Graph, env: Mapping[str, Any]) -> tuple[list[tuple], li
     return shapes, [bool(i["shape"]) and isinstance(i["shape"][0], str) for i in graph.inputs]
 
 
-def _held_bytes(graph: Graph, env: Mapping[str, Any], names: Iterable[str]) -> int:
-    """Bytes of the model's own arrays among ``names`` (constants, folded nodes, inputs with no batch axis): what
-    a stage task reading them holds whatever its slice of the batch."""
+def _held_sizes(graph: Graph, env: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes of each of the model's own arrays (constants, folded nodes, inputs with no batch axis): what a stage
+    task reading one holds whatever its slice of the batch."""
     shapes, batched = _input_shapes(graph, env)
-    unbatched = {i["name"]: int(np.prod(s)) * np.dtype(i["dtype"]).itemsize
-                 for s, b, i in zip(shapes, batched, graph.inputs) if not b}
-    inputs = {i["name"] for i in graph.inputs}
-    return sum(unbatched.get(k, 0) if k in inputs else graph._constant_value(k).nbytes for k in names)
+    sizes = {i["name"]: int(math.prod(s)) * np.dtype(i["dtype"]).itemsize
+             for s, b, i in zip(shapes, batched, graph.inputs) if not b}
+    sizes.update({k: graph._constant_value(k).nbytes for k in [*graph.constant_specs, *graph._folded()]})
+    return sizes
+
+
+def _held_bytes(graph: Graph, env: Mapping[str, Any], names: Iterable[str]) -> int:
+    """:func:`_held_sizes` summed over ``names``."""
+    sizes = _held_sizes(graph, env)
+    return sum(sizes.get(k, 0) for k in names)
 
 
 def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None, *, whole: bool = True) -> int:
