@@ -27,7 +27,8 @@ Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never start
 newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
 
 Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
-(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly.
+(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly,
+and logs ``hostile: held N tasks at once`` each time it holds more tasks (given, not yet finished) than ever.
 
 Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
 float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
@@ -49,6 +50,8 @@ FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold")
 CLAIM_ATTACKS = ("claim",)
+#: A worker's states of a task it was given to compute and has not finished.
+HELD_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
 #: The number a stealing volunteer puts under the key.
 FAKE = -12345.0
 SPRAY = 4000
@@ -130,6 +133,14 @@ def main(argv: list[str]) -> None:
                 def __init__(self, *args, **kwargs):
                     super().__init__(*args, **kwargs)
                     self.memory_manager.memory_limit = claim  # what register-worker tells the lab
+                    self.hostile_most_held = 0
+
+                def handle_stimulus(self, *stims):
+                    super().handle_stimulus(*stims)
+                    held = sum(1 for ts in self.state.tasks.values() if ts.state in HELD_STATES)
+                    if held > self.hostile_most_held:
+                        self.hostile_most_held = held
+                        logger.warning("hostile: held %d tasks at once", held)
 
             return ClaimingWorker
 
