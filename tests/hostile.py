@@ -26,6 +26,10 @@ elsewhere") at once, nothing computed; on a plain scheduler the same idle-lookin
 Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never started; of the others, the
 newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
 
+Task kind ``late-report`` (not an attack: an honest volunteer on a slow link): it computes every task honestly
+and sends each ``task-finished`` ``--every`` seconds late (logging ``late-report: task-finished of KEY sent``), so
+with a shorter deadline the lab has taken the task back by the time the report arrives.
+
 Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
 (distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly,
 and logs ``hostile: held N tasks at once`` each time it holds more tasks (given, not yet finished) than ever.
@@ -48,7 +52,7 @@ STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreig
 #: ``refresh-flood``: this many ``request-refresh-who-has`` messages, each of FLOOD_KEYS keys of 100 characters.
 FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
-TASK_ATTACKS = ("bounce", "hold")
+TASK_ATTACKS = ("bounce", "hold", "late-report")
 CLAIM_ATTACKS = ("claim",)
 #: A worker's states of a task it was given to compute and has not finished.
 HELD_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
@@ -197,7 +201,23 @@ def main(argv: list[str]) -> None:
 
             return HoldingWorker
 
-        worker.volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
+        def late_class():
+            delay = float(opts["every"])
+
+            class LateWorker(honest_class()):
+                def batched_send(self, msg):
+                    if msg.get("op") != "task-finished":
+                        return super().batched_send(msg)
+                    self.loop.call_later(delay, self.late_send, msg)
+
+                def late_send(self, msg):
+                    super().batched_send(msg)
+                    logger.warning("late-report: task-finished of %s sent", msg.get("key"))
+
+            return LateWorker
+
+        classes = {"bounce": bouncing_class, "hold": holding_class, "late-report": late_class}
+        worker.volunteer_worker_class = classes[kind]
     else:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 

@@ -99,6 +99,7 @@ def test_a_volunteer_holds_at_most_its_cap_and_waiting_tasks_are_placed_as_slots
     """goblin.placement.max-held-per-volunteer at 1: 64 volunteer tasks on two volunteers, each holding one at a
     time (counted at every placement, work stealing's included); the waiting ones are placed as slots free, none is
     left waiting or moved to the lab, and nothing lists the volunteers per task."""
+
     async def body(lab):
         held = lab.plugins["goblin-held-tasks"]
         calls = _count_calls(monkeypatch, lab.admission, ("lab_workers", "volunteers"))
