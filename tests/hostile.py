@@ -30,6 +30,10 @@ Task kind ``late-report`` (not an attack: an honest volunteer on a slow link): i
 and sends each ``task-finished`` ``--every`` seconds late (logging ``late-report: task-finished of KEY sent``), so
 with a shorter deadline the lab has taken the task back by the time the report arrives.
 
+Kind ``large-hello`` (not an attack: an honest volunteer whose worker plugins describe a large environment): its
+``register-worker`` carries ``--hello-bytes`` bytes of startup information (``extra``), so the scheduler reads that
+much of it at once, beyond the burst of ``goblin.link.scheduler-read-rate``; it then computes honestly.
+
 Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
 (distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly,
 and logs ``hostile: held N tasks at once`` each time it holds more tasks (given, not yet finished) than ever.
@@ -54,6 +58,7 @@ FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold", "late-report")
 CLAIM_ATTACKS = ("claim",)
+HONEST_KINDS = ("large-hello",)
 #: A worker's states of a task it was given to compute and has not finished.
 HELD_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
 #: The number a stealing volunteer puts under the key.
@@ -67,8 +72,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     from tests.agent_options import take_options
 
     opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
-                                     "keep": "4", "every": "1.0", "claim-memory": None})
-    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS
+                                     "keep": "4", "every": "1.0", "claim-memory": None, "hello-bytes": "0"})
+    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS + HONEST_KINDS
     if opts["attack"] not in kinds:
         raise SystemExit(f"tests.hostile: --attack must be one of {kinds}")
     return opts, rest
@@ -127,6 +132,19 @@ def main(argv: list[str]) -> None:
             return wrong_result(kind, honest_call(self, *args, **params))
 
         OpSpec.__call__ = hostile_call
+    elif kind == "large-hello":
+        from distributed.worker import Worker
+
+        size, startup_information = int(opts["hello-bytes"]), Worker.get_startup_information
+
+        async def large_startup_information(self):
+            info = await startup_information(self)
+            # about 64 bytes of msgpack each: what a worker plugin describing a large environment might send
+            info["environment"] = [f"goblin-test-package-{i:012d}=={i:024d}" for i in range(size // 64 + 1)]
+            logger.warning("large-hello: register-worker carries %d bytes of startup information", size)
+            return info
+
+        Worker.get_startup_information = large_startup_information
     elif kind in CLAIM_ATTACKS:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
