@@ -169,8 +169,12 @@ class HeldTasksPlugin(SchedulerPlugin):
         """Place held-back tasks once the current transitions are done (never from inside them)."""
         if self._refill_soon or not self.held_back:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the scheduler's loop: the sweep places them
+            return
         self._refill_soon = True
-        asyncio.get_running_loop().call_soon(self.refill)
+        loop.call_soon(self.refill)
 
     def refill(self, tries: int | None = None) -> None:
         """Send held-back tasks (oldest first) to volunteers with a free slot."""
