@@ -654,6 +654,9 @@ class SilentVolunteers:
     worker (:mod:`scheduler_plugins.faults` counts it like a crash).  When the scheduler itself stalled
     (a check ran more than two intervals after the one before: a huge graph, a swapping machine), the
     heartbeats that arrived meanwhile are still unread: every volunteer gets a fresh ``dead-after`` from then.
+    Likewise a volunteer the scheduler is not reading, over its ``goblin.link.scheduler-read-rate`` (an honest
+    one that sent more than a burst at once): its heartbeats wait unread on the lab's side, so its silence is
+    counted from when the lab last held it back.
     """
 
     def __init__(self, scheduler, admission):
@@ -664,6 +667,8 @@ class SilentVolunteers:
         self.interval = self.dead_after / 4
         self.removed: list[dict[str, Any]] = []  # {"name", "address", "silent"}: the latest ones
         self.heard_since = time.time()  # silence is counted from no earlier than this (the last stall's end)
+        #: volunteer name -> when the scheduler last held its messages back (over its read rate, :class:`ReadRate`)
+        self.held_back_at: dict[str, float] = {}
         self.last_check: float | None = None
         self.callback = PeriodicCallback(self.check, self.interval * 1000)
 
@@ -673,10 +678,19 @@ class SilentVolunteers:
         workers = self.scheduler.workers
         limit = silence_limit(self.dead_after, len(workers))
         found = {}
+        pace = _read_rate
         for address in self.admission.volunteers():
             ws = workers.get(address)
-            if ws is not None and now - max(ws.last_seen, self.heard_since) > limit:
+            if ws is None:
+                continue
+            name = self.admission.names.get(address)
+            if pace is not None and name is not None and pace.delay(name) > 0:
+                self.held_back_at[name] = now  # its heartbeats wait on this side, unread: not silent
+                continue
+            if now - max(ws.last_seen, self.heard_since, self.held_back_at.get(name, 0.0)) > limit:
                 found[address] = now - ws.last_seen
+        for name in [n for n, t in self.held_back_at.items() if now - t > limit]:
+            del self.held_back_at[name]
         return found
 
     async def check(self) -> None:

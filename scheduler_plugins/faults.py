@@ -36,7 +36,8 @@ case the lab node, not the researcher, deals with it:
   (it held them and finished nothing) goes into cooldown at once (:meth:`FaultPlugin.rest`):
   a computation waits on one slow volunteer for one deadline, not once per task it is given.
 
-* **No volunteer.**  A volunteer task that no volunteer can take (none connected, all paused) waits
+* **No volunteer.**  A volunteer task that no volunteer can take (none connected, all paused; not one
+  that waits only because the volunteers hold their most tasks, :mod:`scheduler_plugins.held_tasks`) waits
   ``goblin.faults.no-volunteer-wait`` seconds (60) for one to join, then runs on the lab worker (counted
   in ``to_lab``, logged with the setting's name): a product never waits forever, silently, on a lab whose
   volunteers are gone.
@@ -346,8 +347,11 @@ class FaultPlugin(SchedulerPlugin):
         if not unrunnable and not self.waiting_since:
             return
         waiting, moved = {}, []
+        held = self.scheduler.plugins.get("goblin-held-tasks")
         for ts in list(unrunnable):
             if VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
+                continue
+            if held is not None and held.is_held_back(ts.key):  # volunteers run it once one has a free slot
                 continue
             since = waiting[ts.key] = self.waiting_since.get(ts.key, now)
             if now - since >= self.volunteer_wait:

@@ -480,6 +480,8 @@ class VerificationLedger(SchedulerPlugin):
             "failed": sum(v.failed for v in self.volunteers.values()),
             # each failure, crash and cooldown, with the volunteer's name and why (scheduler_plugins.faults)
             "faults": faults.report() if (faults := self.scheduler.plugins.get("goblin-faults")) else {},
+            # each volunteer's cap on tasks held at once and the most it held (scheduler_plugins.held_tasks)
+            "holding": held.report() if (held := self.scheduler.plugins.get("goblin-held-tasks")) else {},
             # each refused worker or message and each ban, with the reason
             "refusals": [{"kind": "refused", **r} for r in getattr(self.admission, "refusals", ())]
             + [{"kind": "banned", "volunteer": b["name"], "reason": b["reason"]} for b in self._bans()],

@@ -26,8 +26,17 @@ elsewhere") at once, nothing computed; on a plain scheduler the same idle-lookin
 Task attack ``hold``: the first ``--keep`` (4) tasks it is given are never started; of the others, the
 newest is computed honestly every ``--every`` seconds (so it keeps finishing something while it holds).
 
+Task kind ``late-report`` (not an attack: an honest volunteer on a slow link): it computes every task honestly
+and sends each ``task-finished`` ``--every`` seconds late (logging ``late-report: task-finished of KEY sent``), so
+with a shorter deadline the lab has taken the task back by the time the report arrives.
+
+Kind ``large-hello`` (not an attack: an honest volunteer whose worker plugins describe a large environment): its
+``register-worker`` carries ``--hello-bytes`` bytes of startup information (``extra``), so the scheduler reads that
+much of it at once, beyond the burst of ``goblin.link.scheduler-read-rate``; it then computes honestly.
+
 Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
-(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly.
+(distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly,
+and logs ``hostile: held N tasks at once`` each time it holds more tasks (given, not yet finished) than ever.
 
 Result attacks (every task it computes): ``result-list`` (a list), ``result-scalar`` (a Python
 float), ``result-shape`` (the result transposed or flattened), ``result-dtype`` (float32 instead
@@ -47,8 +56,11 @@ STREAM_ATTACKS = ("add-keys-steal", "forge-verdict", "pause-lab-worker", "foreig
 #: ``refresh-flood``: this many ``request-refresh-who-has`` messages, each of FLOOD_KEYS keys of 100 characters.
 FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
-TASK_ATTACKS = ("bounce", "hold")
+TASK_ATTACKS = ("bounce", "hold", "late-report")
 CLAIM_ATTACKS = ("claim",)
+HONEST_KINDS = ("large-hello",)
+#: A worker's states of a task it was given to compute and has not finished.
+HELD_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
 #: The number a stealing volunteer puts under the key.
 FAKE = -12345.0
 SPRAY = 4000
@@ -60,8 +72,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     from tests.agent_options import take_options
 
     opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
-                                     "keep": "4", "every": "1.0", "claim-memory": None})
-    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS
+                                     "keep": "4", "every": "1.0", "claim-memory": None, "hello-bytes": "0"})
+    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS + HONEST_KINDS
     if opts["attack"] not in kinds:
         raise SystemExit(f"tests.hostile: --attack must be one of {kinds}")
     return opts, rest
@@ -120,6 +132,19 @@ def main(argv: list[str]) -> None:
             return wrong_result(kind, honest_call(self, *args, **params))
 
         OpSpec.__call__ = hostile_call
+    elif kind == "large-hello":
+        from distributed.worker import Worker
+
+        size, startup_information = int(opts["hello-bytes"]), Worker.get_startup_information
+
+        async def large_startup_information(self):
+            info = await startup_information(self)
+            # about 64 bytes of msgpack each: what a worker plugin describing a large environment might send
+            info["environment"] = [f"goblin-test-package-{i:012d}=={i:024d}" for i in range(size // 64 + 1)]
+            logger.warning("large-hello: register-worker carries %d bytes of startup information", size)
+            return info
+
+        Worker.get_startup_information = large_startup_information
     elif kind in CLAIM_ATTACKS:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 
@@ -130,6 +155,14 @@ def main(argv: list[str]) -> None:
                 def __init__(self, *args, **kwargs):
                     super().__init__(*args, **kwargs)
                     self.memory_manager.memory_limit = claim  # what register-worker tells the lab
+                    self.hostile_most_held = 0
+
+                def handle_stimulus(self, *stims):
+                    super().handle_stimulus(*stims)
+                    held = sum(1 for ts in self.state.tasks.values() if ts.state in HELD_STATES)
+                    if held > self.hostile_most_held:
+                        self.hostile_most_held = held
+                        logger.warning("hostile: held %d tasks at once", held)
 
             return ClaimingWorker
 
@@ -186,7 +219,23 @@ def main(argv: list[str]) -> None:
 
             return HoldingWorker
 
-        worker.volunteer_worker_class = bouncing_class if kind == "bounce" else holding_class
+        def late_class():
+            delay = float(opts["every"])
+
+            class LateWorker(honest_class()):
+                def batched_send(self, msg):
+                    if msg.get("op") != "task-finished":
+                        return super().batched_send(msg)
+                    self.loop.call_later(delay, self.late_send, msg)
+
+                def late_send(self, msg):
+                    super().batched_send(msg)
+                    logger.warning("late-report: task-finished of %s sent", msg.get("key"))
+
+            return LateWorker
+
+        classes = {"bounce": bouncing_class, "hold": holding_class, "late-report": late_class}
+        worker.volunteer_worker_class = classes[kind]
     else:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 

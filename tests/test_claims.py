@@ -54,3 +54,33 @@ def test_a_volunteers_claims_never_take_the_honest_volunteers_tasks(tmp_path):
         claimant = _claimant(lab, VOLUNTEER_MAX_THREADS, VOLUNTEER_MAX_THREADS * min_memory_per_thread(), wait=True)
         assert claimant in lab.volunteer_names()
         assert _honest_tasks(lab, honest, seed=2) > 0
+
+
+def test_a_volunteer_claiming_many_threads_holds_at_most_its_cap_and_the_honest_volunteer_keeps_its_share(tmp_path):
+    """Issue 29: a claimant of 256 threads was handed 252 of a product's 256 tasks at once, each held until its
+    deadline.  Now it holds at most ``goblin.placement.max-held-per-volunteer`` (counted by the claimant itself,
+    from its own worker's state), the rest wait for a free slot, the honest volunteer gets tasks, and the product is
+    numpy's."""
+    import re
+
+    from scheduler_plugins.admission import VOLUNTEER_MAX_THREADS, min_memory_per_thread
+    from scheduler_plugins.held_tasks import cap_for, max_held_per_volunteer
+
+    most = max_held_per_volunteer()
+    assert most < VOLUNTEER_MAX_THREADS  # the default bites on the largest claim admitted
+    with LabNode.local(volunteers=1, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
+        [honest] = lab.volunteer_names()
+        claimant = _claimant(lab, VOLUNTEER_MAX_THREADS, VOLUNTEER_MAX_THREADS * min_memory_per_thread(), wait=True)
+        honest_tasks = _honest_tasks(lab, honest, seed=3)
+        report = lab.report()
+        claimant_tasks = report["volunteers"][claimant]["accepted"]
+        holding = report["holding"]
+        assert holding["cap"] == {honest: cap_for(1, most), claimant: most}, holding
+        held = [int(n) for n in re.findall(r"hostile: held (\d+) tasks at once", read_log(lab._log_path(claimant)))]
+        assert held, read_log(lab._log_path(claimant))[-2000:]
+        # the cap bit (it held as many as it may) and was never passed, by the claimant's own count
+        assert max(held) == most and holding["most_held"][claimant] == most, (held, holding)
+        assert holding["most_held"][honest] <= cap_for(1, most), holding
+        assert honest_tasks > 0 and claimant_tasks > 0, (honest_tasks, claimant_tasks)
+        assert holding["held_back"] == 0, holding  # none left waiting once the product is done
+        print(f"honest {honest_tasks}, claimant {claimant_tasks}, most held {holding['most_held']}")

@@ -328,3 +328,45 @@ def test_a_failure_report_from_a_volunteer_never_reaches_the_scheduler_as_an_err
     assert sched.erred == []  # not a task it runs: dropped, never forwarded
     plugin.handle_task_erred(key="lab-task", stimulus_id="s", worker="lab", run_id=1, exception_text="bad")
     assert [m["key"] for m in sched.erred] == ["lab-task"]  # the lab worker's errors go on as usual
+
+
+def test_an_honest_volunteer_reporting_a_task_after_it_was_taken_back_is_neither_banned_nor_failed(tmp_path):
+    """Issue 29, seen once: an honest volunteer possibly banned for a late ``task-finished`` of a task the lab had
+    taken back.  Here one volunteer's every report arrives after its task's deadline (a slow link: it computes
+    honestly, reports 3 s late, deadline 2 s), so the lab reissues the task and the report comes for a task
+    computing elsewhere, done, or forgotten; meanwhile another volunteer is banned mid-product.  The late
+    reporter is marked late (it missed its deadlines) but is never banned, refused, or counted as failing."""
+    import dask
+
+    deadline, delay = 2.0, 3.0
+    trigger = tmp_path / "ban-now"
+    with dask.config.set({"goblin.verification.deadline": deadline, "goblin.faults.cooldown": 1.0}), \
+            LabNode.local(volunteers=1, state_dir=tmp_path / "lab") as lab:
+        [honest] = lab.volunteer_names()
+        slow = lab.add_volunteer(module="tests.hostile", extra_args=("--attack", "late-report", "--every", str(delay)))
+        pauser = lab.add_volunteer(module="tests.hostile", extra_args=(
+            "--attack", "pause-lab-worker", "--lab", lab.lab_worker_address(), "--trigger", str(trigger)))
+        rng = np.random.default_rng(9)
+        a, b = rng.standard_normal((N, N)), rng.standard_normal((N, N))
+        dsk, keys, blocks = blocked_product_graph(a, b, BLOCK)
+        futures = lab.client.get(dsk, keys, sync=False)
+        wait_for(lambda: lab.report()["reissued"] >= 1 or all(f.done() for f in futures),
+                 "a task of the late reporter to be reissued", timeout=300)
+        trigger.touch()  # the pauser is banned now, mid-product
+        wait_for(lambda: all(f.done() for f in futures), "the product", timeout=300)
+        c = assemble({k[1:]: r for k, r in zip(keys, lab.client.gather(futures))}, (N, N), blocks)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-10, atol=1e-10)
+        wait_for(lambda: any(b["name"] == pauser for b in lab.report()["bans"]), "the pauser to be banned")
+        slow_log = lambda: read_log(lab._log_path(slow))  # noqa: E731
+        wait_for(lambda: slow_log().count("late-report: task-finished of") >= 2,
+                 "the late reporter to send its late reports")
+        report = lab.report()
+        record = report["volunteers"][slow]
+        assert report["reissued"] >= 1 and record["late"] >= 1, (report["reissued"], record)
+        assert not record["banned"] and record["failed"] == 0 and record["rejected"] == 0, record
+        assert [b for b in report["bans"] if b["name"] != pauser] == [], report["bans"]
+        assert not [r for r in report["refusals"] if r.get("name") in (slow, honest)], report["refusals"]
+        assert slow in lab.volunteer_names() and lab.processes[slow].poll() is None
+        assert not [f for f in report["faults"]["faults"] if f["volunteer"] == slow and f["kind"] != "late"
+                    and f["kind"] != "cooldown"], report["faults"]
+        assert report["volunteers"][honest]["failed"] == 0 and not report["volunteers"][honest]["banned"]

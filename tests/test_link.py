@@ -349,6 +349,36 @@ def test_the_scheduler_reads_nothing_more_of_a_volunteer_over_its_read_rate(tmp_
     assert answered == "ok" and pending
 
 
+def test_an_honest_volunteer_sending_the_scheduler_more_than_its_read_burst_is_slowed_never_dropped(tmp_path):
+    """Issue 29: the read rate (``goblin.link.scheduler-read-rate``, bursts of 8 s) must not cost an honest
+    volunteer that sends more than a burst at once.  Its ``register-worker`` carries 4 MiB of startup information
+    (a large environment) at a read rate of 256 KiB/s: twice the burst, so nothing more of it is read for about 8 s,
+    its heartbeats included, with ``goblin.link.dead-after`` at 3 s.  It stays connected, is neither banned nor
+    blamed, and computes its share of a product (numpy's numbers)."""
+    import dask
+
+    from goblin_dask.link import scheduler_read_rate
+
+    with dask.config.set({"goblin.link.dead-after": 3.0, "goblin.link.scheduler-read-rate": "256KiB"}), \
+            LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node:
+        hello = 2 * int(scheduler_read_rate().burst)  # 4 MiB: 8 s of the rate beyond its burst
+        big = node.add_volunteer(module="tests.hostile", extra_args=("--attack", "large-hello",
+                                                                      "--hello-bytes", str(hello)))
+        rng = np.random.default_rng(12)
+        a, b = rng.standard_normal((1024, 1024)), rng.standard_normal((1024, 1024))
+        with node.client.as_current():
+            got = (ga.from_array(a, chunks=256) @ ga.from_array(b, chunks=256)).compute()
+        np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+        report = node.report()
+        record = report["volunteers"][big]
+        assert record["accepted"] > 0 and record["failed"] == 0 and not record["banned"], record
+        assert not [r for r in report["refusals"] if r.get("name") == big], report["refusals"]
+        assert not [f for f in report["faults"]["faults"] if f["volunteer"] == big], report["faults"]
+        assert big in node.volunteer_names() and node.processes[big].poll() is None
+        log = (tmp_path / "lab" / "logs" / "scheduler.log").read_text(errors="replace")
+        assert not [ln for ln in log.splitlines() if big in ln and "silent for" in ln], log[-3000:]
+
+
 def test_a_volunteer_fetches_from_the_lab_worker_only_the_inputs_of_its_own_tasks(tmp_path):
     """Issue 29: any volunteer certificate could call any lab worker handler (``get_data`` of any key, the
     whole key list, ``update_data``).  Now a volunteer's connection to a lab worker may call ``get_data`` only,

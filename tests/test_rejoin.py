@@ -109,3 +109,28 @@ def test_a_silent_volunteer_is_removed_and_a_stalled_scheduler_removes_nobody(tm
         assert not watch.silent()
 
     run_lab(tmp_path, body, config={"goblin.link.dead-after": 1.0})
+
+
+def test_a_volunteer_the_scheduler_holds_back_over_its_read_rate_is_not_silent(tmp_path, monkeypatch):
+    """Issue 29: an honest volunteer that sent more than a burst of goblin.link.scheduler-read-rate has its next
+    messages, heartbeats included, left unread until its debt is paid: it is not silent meanwhile, and its
+    silence counts from when the scheduler last held it back."""
+    from goblin_dask import link
+    from goblin_dask.link import ReadRate, SilentVolunteers
+    from tests.inprocess import run_lab
+
+    async def body(lab):
+        watch = SilentVolunteers(lab.scheduler, lab.admission)
+        lab.workers["bob"].periodic_callbacks["heartbeat"].stop()
+        await lab.wait_for(lambda: watch.silent())  # bob is past the limit now
+        bob = lab.address_of("bob")
+        pace = ReadRate(rate=1.0, burst=1.0)
+        monkeypatch.setattr(link, "_read_rate", pace)
+        pace.charge("bob", 10**6)  # in debt for days: the scheduler reads nothing more of bob
+        assert bob not in watch.silent()
+        monkeypatch.setattr(link, "_read_rate", ReadRate(rate=1.0, burst=1.0))  # debt paid
+        assert bob not in watch.silent()  # silent from when it was last held back, not from its last heartbeat
+        await lab.wait_for(lambda: bob in watch.silent())
+        assert watch.held_back_at == {}
+
+    run_lab(tmp_path, body, config={"goblin.link.dead-after": 1.0})

@@ -93,3 +93,32 @@ def test_replica_decisions_still_find_another_volunteer(tmp_path):
         assert got["replica"] is None and got["sample"] is True
 
     run_lab(tmp_path, body)
+
+
+def test_a_volunteer_holds_at_most_its_cap_and_waiting_tasks_are_placed_as_slots_free(tmp_path, monkeypatch):
+    """goblin.placement.max-held-per-volunteer at 1: 64 volunteer tasks on two volunteers, each holding one at a
+    time (counted at every placement, work stealing's included); the waiting ones are placed as slots free, none is
+    left waiting or moved to the lab, and nothing lists the volunteers per task."""
+
+    async def body(lab):
+        held = lab.plugins["goblin-held-tasks"]
+        calls = _count_calls(monkeypatch, lab.admission, ("lab_workers", "volunteers"))
+        most: dict[str, int] = {}
+        took = held._took
+
+        def counting(ws):
+            took(ws)
+            most[ws.name] = max(most.get(ws.name, 0), len(ws.processing))
+
+        monkeypatch.setattr(held, "_took", counting)
+        a, b = matrices(13, n=128)
+        async with lab.client() as client:
+            keys = await compute_product(client, a, b, 32)  # 64 volunteer tasks
+        assert set(held.caps.values()) == {1} and most == {"alice": 1, "bob": 1}, (held.caps, most)
+        assert held.held_back == {} and held.full == set() and held.holder == {}
+        assert lab.faults.to_lab == 0
+        report = lab.ledger.report()
+        assert report["accepted"] == len(keys) and report["holding"]["held_back"] == 0
+        assert calls["lab_workers"] == 0 and calls["volunteers"] <= 2, calls
+
+    run_lab(tmp_path, body, config={"goblin.placement.max-held-per-volunteer": 1})

@@ -1,0 +1,219 @@
+"""A volunteer holds at most a few tasks at once; the rest wait for a free slot, never lost.
+
+distributed sends a ready task to a worker as soon as it picks one, however many the worker already
+has: its queueing (``distributed.scheduler.worker-saturation``) applies only to root-ish tasks, and a
+task with resource restrictions, as every volunteer task has, is never root-ish.  So a credential that
+claims 256 threads was handed 252 of a product's 256 tasks at once, and could hold each until its
+per-task deadline.  Here a volunteer holds (processing, whether running or queued on it) at most
+
+    min(goblin.placement.max-held-per-volunteer, max(4, 2 x its claimed threads))
+
+tasks: two per thread keeps each thread busy with one task while the next one's inputs arrive; four at
+least lets a one-thread volunteer fetch across a round trip; the setting (64: two per thread of a
+32-thread machine) is the most any claim earns, so one credential delays at most that many tasks by a
+deadline.
+
+How (no scan of the workers per task): the scheduler's ``valid_workers`` leaves out the volunteers
+that are full (a set kept up to date by this plugin's ``transition`` hook, and by
+``send_task_to_worker`` for the tasks work stealing moves).  A volunteer task left with no valid
+worker only because they are all full waits in ``no-worker`` (it is "held back", and does not count
+towards ``goblin.faults.no-volunteer-wait``); when a full volunteer frees a slot, the held-back tasks
+are placed again, oldest first.  One counted in the report's ``holding`` section: the cap of each
+volunteer and the most it ever held at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from goblin_dask import settings
+from goblin_dask.roles import VOLUNTEER_RESOURCE
+
+logger = logging.getLogger("goblin_dask.held_tasks")
+
+#: The fewest tasks a volunteer may hold (unless the setting is lower).
+FLOOR = 4
+#: Tasks held per claimed thread.
+PER_THREAD = 2
+#: Held-back tasks tried per freed slot, beyond the slot itself (some may be pinned to full volunteers).
+EXTRA_TRIES = 4
+#: Seconds between sweeps that place held-back tasks even when no slot-freeing event was seen.
+SWEEP_SECONDS = 1.0
+
+
+def max_held_per_volunteer() -> int:
+    """``goblin.placement.max-held-per-volunteer``, checked."""
+    value = settings.get("goblin.placement.max-held-per-volunteer")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"goblin.placement.max-held-per-volunteer must be a whole number of tasks, at least 1; "
+                         f"got {value!r}")
+    return value
+
+
+def cap_for(nthreads: int, most: int) -> int:
+    """Tasks a volunteer claiming ``nthreads`` threads may hold at once, at most ``most``."""
+    return min(most, max(FLOOR, PER_THREAD * max(1, int(nthreads))))
+
+
+class HeldTasksPlugin(SchedulerPlugin):
+    name = "goblin-held-tasks"
+
+    def __init__(self, scheduler, admission, most: int | None = None):
+        self.scheduler = scheduler
+        self.admission = admission
+        self.most = max_held_per_volunteer() if most is None else int(most)
+        #: volunteer address -> the tasks it may hold
+        self.caps: dict[str, int] = {}
+        #: the volunteers holding their cap (WorkerState objects: valid_workers subtracts them as a set)
+        self.full: set = set()
+        #: volunteer task key -> the WorkerState holding it
+        self.holder: dict[Any, Any] = {}
+        #: volunteer tasks waiting only because every volunteer that may run them is full (oldest first)
+        self.held_back: dict[Any, None] = {}
+        #: volunteer name -> the most tasks it held at once
+        self.most_held: dict[str, int] = {}
+        self._freed = 0
+        self._refill_soon = False
+        self._ticker: PeriodicCallback | None = None
+        self._valid_workers = scheduler.valid_workers
+        scheduler.valid_workers = self.valid_workers
+        self._send_task_to_worker = scheduler.send_task_to_worker
+        scheduler.send_task_to_worker = self.send_task_to_worker
+
+    async def start(self, scheduler) -> None:
+        self._ticker = PeriodicCallback(self.sweep, SWEEP_SECONDS * 1000)
+        self._ticker.start()
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+
+    # -- volunteers ----------------------------------------------------------------------
+    def add_worker(self, scheduler, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is not None and self.admission.is_volunteer(worker):
+            self.caps[worker] = cap_for(ws.nthreads, self.most)
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self.caps.pop(worker, None)
+        self.full = {ws for ws in self.full if ws.address != worker}  # a handful; only when a worker leaves
+        self._freed += 1
+        self._refill_later()
+
+    # -- placement -------------------------------------------------------------------------
+    def valid_workers(self, ts):
+        """The scheduler's ``valid_workers`` (the faults plugin's), less the full volunteers."""
+        valid = self._valid_workers(ts)
+        if not self.full or not valid or VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
+            self.held_back.pop(ts.key, None)
+            return valid
+        open_ = valid - self.full
+        if open_ or ts.state == "processing":  # (processing: work stealing asking where it might move it)
+            self.held_back.pop(ts.key, None)
+        else:
+            self.held_back.pop(ts.key, None)
+            self.held_back[ts.key] = None  # to the end: the others waiting longer go first
+        return open_
+
+    def is_held_back(self, key: Any) -> bool:
+        return key in self.held_back
+
+    def send_task_to_worker(self, worker: str, ts) -> None:
+        """Work stealing moves a task with this (not with a transition): follow it to its new holder."""
+        self._send_task_to_worker(worker, ts)
+        ws = self.scheduler.workers.get(worker)
+        if ws is None or worker not in self.caps or ts.processing_on is not ws:
+            return
+        old = self.holder.get(ts.key)
+        if old is not ws:
+            self.holder[ts.key] = ws
+            self._took(ws)
+            if old is not None:
+                self._gave_back(old)
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        if start == "processing":
+            ws = self.holder.pop(key, None)
+            if ws is not None:
+                self._gave_back(ws)
+        if finish == "processing":
+            ts = self.scheduler.tasks.get(key)
+            ws = ts.processing_on if ts is not None else None
+            if ws is not None and ws.address in self.caps:
+                self.holder[key] = ws
+                self._took(ws)
+        elif finish in ("memory", "erred", "forgotten", "released"):
+            self.held_back.pop(key, None)
+
+    def _took(self, ws) -> None:
+        held = len(ws.processing)
+        name = self.admission.names.get(ws.address, ws.address)
+        if held > self.most_held.get(name, 0):
+            self.most_held[name] = held
+        if held >= self.caps.get(ws.address, held + 1):
+            self.full.add(ws)
+
+    def _gave_back(self, ws) -> None:
+        if ws in self.full and len(ws.processing) < self.caps.get(ws.address, 0):
+            self.full.discard(ws)
+            self._freed += 1
+            self._refill_later()
+
+    def _refill_later(self) -> None:
+        """Place held-back tasks once the current transitions are done (never from inside them)."""
+        if self._refill_soon or not self.held_back:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the scheduler's loop: the sweep places them
+            return
+        self._refill_soon = True
+        loop.call_soon(self.refill)
+
+    def refill(self, tries: int | None = None) -> None:
+        """Send held-back tasks (oldest first) to volunteers with a free slot."""
+        self._refill_soon = False
+        if tries is None:
+            tries = self._freed + EXTRA_TRIES
+        self._freed = 0
+        tasks = self.scheduler.tasks
+        recommendations = {}
+        for key in self._first(tries):
+            del self.held_back[key]
+            ts = tasks.get(key)
+            if ts is not None and ts.state == "no-worker":
+                recommendations[key] = "processing"  # it comes back to held_back if still no slot for it
+        if recommendations:
+            self.scheduler.transitions(recommendations, stimulus_id=f"goblin-held-slot-{time.time()}")
+
+    def _first(self, n: int) -> list:
+        out = []
+        for key in self.held_back:
+            out.append(key)
+            if len(out) >= n:
+                break
+        return out
+
+    def sweep(self) -> None:
+        """Once a second, in case a slot freed without a transition this plugin saw (one pass over the volunteers)."""
+        if not self.held_back or len(self.full) >= len(self.caps):
+            return
+        workers = self.scheduler.workers
+        free = sum(max(0, cap - len(workers[a].processing)) for a, cap in self.caps.items() if a in workers)
+        if free:
+            self.refill(tries=free + EXTRA_TRIES)
+
+    # -- report ----------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        names = self.admission.names
+        return {
+            "cap": {names.get(a, a): c for a, c in sorted(self.caps.items())},
+            "most_held": dict(sorted(self.most_held.items())),
+            "held_back": len(self.held_back),
+        }
