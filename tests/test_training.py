@@ -521,6 +521,23 @@ def test_an_operator_the_catalog_lacks_is_refused_at_trace_time_with_its_place()
     assert "what to do: run that part of the model in torch on your machine" in str(e.value)
 
 
+class Sorted(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1).values
+
+
+def test_a_gradient_the_table_lacks_is_refused_as_the_backward_of_a_forward_that_maps():
+    """torch.sort's forward maps (the catalog's sort); its gradient is a scatter the table lacks, written by torch's
+    autograd with no source line of the model's: the refusal says it is the backward, and what to do."""
+    from goblin_dask.torch_capture import UnsupportedOperator
+
+    model = nn.Sequential(nn.Linear(4, 8), Sorted(), nn.Linear(8, 2)).train()
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(UnsupportedOperator, match=r"aten\.scatter\.src(.|\n)*in the backward pass") as e:
+        trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
+    assert "capture the model for inference, or train that part in torch" in str(e.value)
+
+
 def test_the_round_is_one_graph_ending_at_the_lab():
     """Per micro-batch forward+backward catalog tasks, then one task (the lab's optimizer step) that reads them all."""
     from dask._task_spec import Task

@@ -559,7 +559,7 @@ def _argsort(ga, x, dim=-1, descending=False, stable=None):
     return _sort(ga, x, dim, descending)[1]
 
 
-@row("aten.topk.default", needs=("topk", "argtopk", "astype", "getitem"))
+@row("aten.topk.default", needs=("topk", "argtopk", "astype", "getitem", "zeros"))
 def _topk(ga, x, k, dim=-1, largest=True, sorted=True):
     if x.ndim == 0:
         return _unordered(ga, x)
@@ -571,7 +571,7 @@ def _topk(ga, x, k, dim=-1, largest=True, sorted=True):
     return ga.topk(x, k, axis=axis), _index_dtype(ga, ga.argtopk(x, k, axis=axis))
 
 
-@row("aten.kthvalue.default", needs=("topk", "argtopk", "astype", "getitem"))
+@row("aten.kthvalue.default", needs=("topk", "argtopk", "astype", "getitem", "zeros"))
 def _kthvalue(ga, x, k, dim=-1, keepdim=False):
     """The k-th smallest (1-based) and its index: the last of the catalog's ``k`` smallest."""
     if x.ndim == 0:
