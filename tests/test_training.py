@@ -506,18 +506,36 @@ def test_bad_input_is_refused_before_anything_is_sent():
         trainer.round_graph(x.astype(np.float64), y)
 
 
-class Sorted(nn.Module):
+class Spectrum(nn.Module):
     def forward(self, x):
-        return torch.sort(x, dim=-1).values
+        return torch.fft.rfft(x).abs()  # an FFT: no catalog operation computes it
 
 
 def test_an_operator_the_catalog_lacks_is_refused_at_trace_time_with_its_place():
     from goblin_dask.torch_capture import UnsupportedOperator
 
+    model = nn.Sequential(nn.Linear(4, 8), Spectrum(), nn.Linear(5, 2)).train()
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(UnsupportedOperator, match=r"aten\._fft_r2c(.|\n)*test_training\.py") as e:
+        trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
+    assert "what to do: run that part of the model in torch on your machine" in str(e.value)
+
+
+class Sorted(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=-1).values
+
+
+def test_a_gradient_the_table_lacks_is_refused_as_the_backward_of_a_forward_that_maps():
+    """torch.sort's forward maps (the catalog's sort); its gradient is a scatter the table lacks, written by torch's
+    autograd with no source line of the model's: the refusal says it is the backward, and what to do."""
+    from goblin_dask.torch_capture import UnsupportedOperator
+
     model = nn.Sequential(nn.Linear(4, 8), Sorted(), nn.Linear(8, 2)).train()
     trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(UnsupportedOperator, match=r"aten\.sort(.|\n)*test_training\.py"):
+    with pytest.raises(UnsupportedOperator, match=r"aten\.scatter\.src(.|\n)*in the backward pass") as e:
         trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
+    assert "capture the model for inference, or train that part in torch" in str(e.value)
 
 
 def test_the_round_is_one_graph_ending_at_the_lab():

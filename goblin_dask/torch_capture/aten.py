@@ -517,6 +517,120 @@ def _logsumexp(ga, x, dim, keepdim=False):
     return ga.logsumexp(x, axis=axes[0], keepdims=keepdim)
 
 
+# -- order statistics (the catalog's sort, argsort, topk, argtopk, quantile) ---------------------
+#
+# Indices are always the stable order: equal values in ascending index order, NaN largest (last
+# ascending, first descending), as torch's ``stable=True``.  torch leaves the tie order of its other
+# calls (non-stable sort, topk, median, kthvalue) unspecified; the stable order is one it allows, and
+# the one the lab's exact recomputation of these lab-only ops can check.  ``topk(sorted=False)`` gives
+# the sorted order, which torch's unspecified order allows too.
+
+def _index_dtype(ga, i):
+    return i if i.dtype == np.int64 else ga.astype(i, np.int64)  # torch's indices are int64
+
+
+def _at(ga, x, axis, i, keepdim):
+    """Position ``i`` along ``axis``: the axis dropped, or kept with length 1."""
+    return ga.getitem(x, (slice(None),) * axis + ((slice(i, i + 1),) if keepdim else (i,)))
+
+
+def _unordered(ga, x):
+    """A 0-d tensor (torch orders it as one element): itself, at index 0."""
+    return x, ga.zeros((), dtype="int64")
+
+
+def _ordered(ga, x, axis, descending):
+    """``x`` sorted along ``axis`` and the indices that sort it, both in the stable order."""
+    n = x.shape[axis]
+    if descending and n > 1:  # the n largest, descending: NaN first, equal values in index order
+        return ga.topk(x, n, axis=axis), _index_dtype(ga, ga.argtopk(x, n, axis=axis))
+    return ga.sort(x, axis=axis), _index_dtype(ga, ga.argsort(x, axis=axis))
+
+
+@row("aten.sort.default", "aten.sort.stable", needs=("sort", "argsort", "topk", "argtopk", "astype", "zeros"))
+def _sort(ga, x, dim=-1, descending=False, stable=None):
+    if x.ndim == 0:
+        return _unordered(ga, x)
+    return _ordered(ga, x, dim % x.ndim, descending)
+
+
+@row("aten.argsort.default", "aten.argsort.stable", needs=("sort", "argsort", "topk", "argtopk", "astype", "zeros"))
+def _argsort(ga, x, dim=-1, descending=False, stable=None):
+    return _sort(ga, x, dim, descending)[1]
+
+
+@row("aten.topk.default", needs=("topk", "argtopk", "astype", "getitem", "zeros"))
+def _topk(ga, x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return _unordered(ga, x)
+    axis = dim % x.ndim
+    if k == 0:  # torch: empty results
+        empty = ga.getitem(x, (slice(None),) * axis + (slice(0, 0),))
+        return empty, ga.astype(empty, np.int64)
+    k = int(k) if largest else -int(k)  # the catalog's k < 0: the -k smallest, ascending
+    return ga.topk(x, k, axis=axis), _index_dtype(ga, ga.argtopk(x, k, axis=axis))
+
+
+@row("aten.kthvalue.default", needs=("topk", "argtopk", "astype", "getitem", "zeros"))
+def _kthvalue(ga, x, k, dim=-1, keepdim=False):
+    """The k-th smallest (1-based) and its index: the last of the catalog's ``k`` smallest."""
+    if x.ndim == 0:
+        return _unordered(ga, x)
+    axis = dim % x.ndim
+    values, indices = ga.topk(x, -int(k), axis=axis), ga.argtopk(x, -int(k), axis=axis)
+    return _at(ga, values, axis, int(k) - 1, keepdim), _index_dtype(ga, _at(ga, indices, axis, int(k) - 1, keepdim))
+
+
+# torch's median is the lower of the two middle values for an even count (numpy's averages them): the catalog's
+# quantile at 0.5 with method="lower", NaN wherever the slice holds one (nanmedian: of the values that are not NaN)
+
+@row("aten.median.default", needs="quantile")
+def _median_all(ga, x):
+    return ga.quantile(x, 0.5, method="lower")
+
+
+@row("aten.nanmedian.default", needs="nanquantile")
+def _nanmedian_all(ga, x):
+    return ga.nanquantile(x, 0.5, method="lower")
+
+
+_MEDIAN_INDEX_NEEDS = ("sort", "argsort", "topk", "argtopk", "astype", "zeros", "getitem", "isnan", "any", "argmax",
+                       "where", "sum", "logical_not", "subtract", "floor_divide", "maximum", "gather", "squeeze")
+
+
+@row("aten.median.dim", needs=("quantile",) + _MEDIAN_INDEX_NEEDS)
+def _median_dim(ga, x, dim, keepdim=False):
+    """Values and indices: the element at rank (n - 1) // 2 of the stable order; where the slice holds a NaN, NaN
+    at the first NaN's index (torch's)."""
+    if x.ndim == 0:
+        return _unordered(ga, x)
+    axis = dim % x.ndim
+    values = ga.quantile(x, 0.5, axis=axis, keepdims=keepdim, method="lower")
+    index = _at(ga, _ordered(ga, x, axis, False)[1], axis, (x.shape[axis] - 1) // 2, keepdim)
+    if np.dtype(x.dtype).kind == "f":
+        nan = ga.isnan(x)
+        first = _index_dtype(ga, ga.argmax(nan, axis=axis, keepdims=keepdim))
+        index = ga.where(ga.any(nan, axis=axis, keepdims=keepdim), first, index)
+    return values, index
+
+
+@row("aten.nanmedian.dim", needs=("nanquantile",) + _MEDIAN_INDEX_NEEDS)
+def _nanmedian_dim(ga, x, dim, keepdim=False):
+    """Values and indices: the element at rank (m - 1) // 2 of the stable order, m the slice's values that are not
+    NaN (NaN sorts last); an all-NaN slice gives NaN at index 0."""
+    if x.ndim == 0:
+        return _unordered(ga, x)
+    axis = dim % x.ndim
+    values = ga.nanquantile(x, 0.5, axis=axis, keepdims=keepdim, method="lower")
+    order = _ordered(ga, x, axis, False)[1]
+    if np.dtype(x.dtype).kind != "f":
+        return values, _at(ga, order, axis, (x.shape[axis] - 1) // 2, keepdim)
+    counted = ga.sum(ga.logical_not(ga.isnan(x)), axis=axis, keepdims=True)
+    rank = ga.maximum(ga.floor_divide(ga.subtract(counted, 1), 2), 0)
+    index = ga.gather(order, _index_dtype(ga, rank), axis)
+    return values, index if keepdim else ga.squeeze(index, axis)
+
+
 # -- nn (ga.softmax, ga.layer_norm ... once array/nn.py is there) --------------------------------
 
 @row("aten._softmax.default", needs="softmax")

@@ -64,6 +64,14 @@ def trace(model: Any, loss_fn: Callable, x: Any, y: Any, param_names: Sequence[s
     return _to_graph(torch, gm, [*params, *buffers, xt, yt])
 
 
+def _place(node: Any) -> str:
+    """Where ``node`` is in the model; a node with no source line is one torch's autograd wrote: a gradient."""
+    if node.meta.get("stack_trace"):
+        return where(node)
+    return ("in the backward pass (torch's gradient of a forward operator; the forward itself maps: capture the "
+            "model for inference, or train that part in torch)")
+
+
 def _to_graph(torch: Any, gm: Any, examples: Sequence[Any]) -> Graph:
     import goblin_dask.array as ga
 
@@ -92,9 +100,9 @@ def _to_graph(torch: Any, gm: Any, examples: Sequence[Any]) -> Graph:
             continue
         lacks = aten.missing(target, ga)
         if lacks is None:
-            raise UnsupportedOperator(target, where(node), "no row in goblin_dask.torch_capture.aten.TABLE")
+            raise UnsupportedOperator(target, _place(node), "no row in goblin_dask.torch_capture.aten.TABLE")
         if lacks:
-            raise UnsupportedOperator(target, where(node), f"ga.{', ga.'.join(lacks)} not in goblin_dask.array yet")
+            raise UnsupportedOperator(target, _place(node), f"ga.{', ga.'.join(lacks)} not in goblin_dask.array yet")
         val = node.meta.get("val")
         names[node] = node.name
         nodes.append({"name": node.name, "op": target, "args": arg(list(node.args)),
