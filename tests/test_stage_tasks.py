@@ -246,6 +246,37 @@ def test_a_cancelled_gradient_beside_an_integer_counter_is_compared_at_its_own_r
 # -- on a grid ----------------------------------------------------------------------------------
 
 
+def test_a_joint_graph_is_cut_on_its_forward_and_each_backward_stage_recomputes_its_forward():
+    """A training pass cut into stages: the forward's stages, then one backward stage per forward stage, last
+    first, each recomputing its forward from the stage's inputs.  So what crosses a cut is the residual stream,
+    its gradient and a few parameter-sized values, never the activations a backward reads (an MLP's hidden
+    layer, 4x the residual), which a cut of the joint graph in node order sends through the lab."""
+    from goblin_dask.torch_capture.graph import _LazyConstant, _value_bytes
+    from goblin_dask.training.joint import trace
+
+    torch.manual_seed(3)
+    model = gpt(64, 32, 4, 16, 2).train()
+    x, y = _batch(rows=4, seed=1)
+    g = trace(model, lm_loss, x, y, [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
+    arrays = [p.detach().numpy() for p in model.parameters()] + [b.numpy() for b in model.buffers()] + [x, y]
+    env = {i["name"]: _LazyConstant(None, i["name"], a) for i, a in zip(g.inputs, arrays)}
+    largest = max(p.numel() * 4 for p in model.parameters())
+    residual = 4 * 16 * 32 * 4
+    node = {n["name"]: n for n in g.nodes}
+
+    def crossing(plan):
+        return max(_value_bytes(node[r], {}) for stage in plan for r in stage.inputs
+                   if r in node and r not in g._folded())
+
+    plan = g.stage_plan(env, 60_000)  # a decoder block's parameters (about 50 kB) fit one stage
+    assert len(plan) >= 4 and crossing(plan) <= max(residual, largest), crossing(plan)
+    # each backward stage repeats a forward stage's nodes: recomputed, not received
+    names = [set(st.nodes) for st in plan]
+    assert any(names[i] < names[j] for i in range(len(plan)) for j in range(i + 1, len(plan)))
+    g.forward_outputs = None  # the same graph cut as it comes: the backward's activations cross
+    assert crossing(g.stage_plan(env, 60_000)) > max(residual, largest)
+
+
 @pytest.fixture(scope="module")
 def stage_grid():
     from goblin_dask.node.local import LabNode

@@ -120,6 +120,9 @@ class Graph:
         #: node name -> its value, for the nodes computed from constants alone (:meth:`_folded`)
         self._fold: dict[str, np.ndarray] | None = None
         self._fold_ops: frozenset[str] = frozenset()
+        #: for a joint forward+backward graph (:mod:`goblin_dask.training.joint`): the outputs the forward alone
+        #: makes (the loss, the buffers after it); :meth:`stage_plan` then cuts the forward and recomputes it
+        self.forward_outputs: tuple[int, ...] | None = None
         self._check()
 
     # -- checks --------------------------------------------------------------------------------
@@ -332,54 +335,82 @@ class Graph:
     def stage_plan(self, env: Mapping[str, Any], budget: float) -> list[Stage] | None:
         """The pass cut into consecutive stages whose own arrays (constants, folded nodes, inputs with no batch
         axis) each fit ``budget`` bytes, in the order of the nodes (a pipeline: activations cross each cut once);
-        None where one node alone reads more than that."""
+        None where one node alone reads more than that.
+
+        A joint forward+backward graph (:attr:`forward_outputs` set) is cut on its forward only: stage ``k``'s
+        backward runs in a stage of its own after the later stages' backwards, recomputing stage ``k``'s forward
+        from the stage's inputs rather than receiving its activations (:meth:`_backward_stages`)."""
         folded = self._folded()
         inputs = [i["name"] for i in self.inputs]
         lab = set(self.constant_specs) | set(folded)
         shapes, batched = _input_shapes(self, env)
         held_inputs = {n for n, b in zip(inputs, batched) if not b}
         nodes = [n for n in self.nodes if n["name"] not in folded]
-        own = [{r for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())) if r in lab or r in held_inputs}
-               for n in nodes]
+        own = {n["name"]: {r for r in _reads(n) if r in lab or r in held_inputs} for n in nodes}
         sizes = _held_sizes(self, env)
-        if any(sum(sizes[r] for r in reads) > budget for reads in own):
+        if any(sum(sizes[r] for r in reads) > budget for reads in own.values()):
             return None
-        bounds = self._cuts(nodes, own, sizes, env, budget)
+        outputs = _refs(list(self.outputs))
+        forward = nodes
+        if self.forward_outputs is not None:
+            wanted = {r for k in self.forward_outputs for r in _refs([self.outputs[k]])}
+            ancestors = _ancestors(nodes, wanted)
+            forward = [n for n in nodes if n["name"] in ancestors]
+            outputs = [r for r in outputs if r in ancestors]
+        bounds = self._cuts(forward, [own[n["name"]] for n in forward], sizes, env, budget, outputs)
         if bounds is None:
             return None
-        groups = [nodes[a:b] for a, b in zip(bounds, bounds[1:])]
-        made = {n["name"]: s for s, group in enumerate(groups) for n in group}
-        read_later: list[set[str]] = [set() for _ in groups]  # what each stage's nodes read from earlier stages
-        for s, group in enumerate(groups):
-            for n in group:
-                for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
-                    if made.get(r, s) < s:
-                        read_later[made[r]].add(r)
-        for r in _refs(list(self.outputs)):
-            if r in made:
-                read_later[made[r]].add(r)
-        plan, earlier = [], []
-        for s, group in enumerate(groups):
-            reads = []
-            for n in group:
-                for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
-                    if r not in reads and made.get(r, -1) != s:
-                        reads.append(r)
-            # the stage's inputs in a fixed order: the call's inputs, the model's arrays, then earlier stages' values
-            order = [r for r in inputs if r in reads] + [r for r in reads if r in lab] + \
-                    [r for r in earlier if r in reads]
-            outputs = [n["name"] for n in group if n["name"] in read_later[s]]
-            plan.append(Stage(tuple(n["name"] for n in group), tuple(order), tuple(outputs)))
-            earlier += outputs
-        return plan
+        groups = [forward[a:b] for a, b in zip(bounds, bounds[1:])]
+        if self.forward_outputs is not None and len(groups) > 1:
+            backward = self._backward_stages(nodes, groups, own, sizes, budget)
+            if backward is None:  # a backward stage would hold more than the budget: cut the joint graph as it is
+                bounds = self._cuts(nodes, [own[n["name"]] for n in nodes], sizes, env, budget, _refs(list(self.outputs)))
+                if bounds is None:
+                    return None
+                groups = [nodes[a:b] for a, b in zip(bounds, bounds[1:])]
+            else:
+                groups = groups + backward
+        elif self.forward_outputs is not None:
+            groups = [nodes]
+        return _stages(groups, inputs, lab, _refs(list(self.outputs)))
+
+    def _backward_stages(self, nodes: Sequence[dict], forward: list[list[dict]], own: Mapping[str, set],
+                         sizes: Mapping[str, int], budget: float) -> list[list[dict]] | None:
+        """The backward of a joint graph whose forward is cut into ``forward`` stages: one stage per forward
+        stage, last first, each the nodes of its forward stage (recomputed there: only the stage's inputs and the
+        gradient reaching its outputs cross, never the activations its backward reads) and the gradient nodes
+        that read them.  A gradient node goes to the latest forward stage whose values it reads, and no later
+        than the gradients it reads (the backward runs from the last stage to the first).  None where a
+        backward stage's own arrays would exceed ``budget``."""
+        stage_of = {n["name"]: k for k, group in enumerate(forward) for n in group}
+        last = len(forward) - 1
+        backward_of: dict[str, int] = {}
+        for n in nodes:
+            if n["name"] in stage_of:
+                continue
+            reads = _reads(n)
+            k = max((stage_of[r] for r in reads if r in stage_of), default=last)
+            k = min([k, *(backward_of[r] for r in reads if r in backward_of)])
+            backward_of[n["name"]] = k
+        stages = []
+        for k in range(last, -1, -1):
+            grads = [n for n in nodes if backward_of.get(n["name"]) == k]
+            if not grads:
+                continue
+            group = list(forward[k]) + grads
+            held = set().union(*(own[n["name"]] for n in group))
+            if sum(sizes[r] for r in held) > budget:
+                return None
+            stages.append(group)
+        return stages
 
     def _cuts(self, nodes: Sequence[dict], own: Sequence[set], sizes: Mapping[str, int], env: Mapping[str, Any],
-              budget: float) -> list[int] | None:
+              budget: float, outputs: Sequence[str]) -> list[int] | None:
         """Where to cut ``nodes`` (``[0, cut, ..., len(nodes)]``): the fewest stages whose own arrays each fit
         ``budget`` (each stage is a trip through the lab), and among those the fewest activation bytes crossing
         the cuts (a cut inside an MLP sends its hidden layer, 4x the residual stream).  None where every such
         cut has a tuple of arrays live across it (a program returns arrays only)."""
-        crossing = self._crossing_bytes(nodes, env)
+        crossing = self._crossing_bytes(nodes, env, outputs)
         n = len(nodes)
         best: list[tuple | None] = [None] * (n + 1)  # best[e]: (stages, bytes, previous cut) for nodes[:e]
         best[0] = (0, 0.0, None)
@@ -406,9 +437,9 @@ class Graph:
             bounds.append(at)
         return bounds[::-1]
 
-    def _crossing_bytes(self, nodes: Sequence[dict], env: Mapping[str, Any]) -> list[float]:
+    def _crossing_bytes(self, nodes: Sequence[dict], env: Mapping[str, Any], outputs: Sequence[str]) -> list[float]:
         """Per position ``p`` in ``nodes``: the bytes of the values made before ``p`` that a node from ``p`` on,
-        or an output, reads (what a cut there sends through the lab), from each node's recorded shape and dtype
+        or one of ``outputs``, reads (what a cut there sends through the lab), from each node's recorded shape and dtype
         with the call's batch size in its symbols."""
         symbols = {}
         for i, (shape, _) in zip(self.inputs, zip(*_input_shapes(self, env))):
@@ -422,7 +453,7 @@ class Graph:
             for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
                 if r in position:
                     last_read[r] = k
-        for r in _refs(list(self.outputs)):
+        for r in outputs:
             if r in position:
                 last_read[r] = len(nodes)
         delta = [0.0] * (len(nodes) + 2)  # a value crosses every cut after it is made, up to its last reader
@@ -446,7 +477,7 @@ class Graph:
         from goblin_dask.array import program as prog
 
         cache = self.__dict__.setdefault("_programs", {})
-        key = ("stage", plan_key, stage.nodes[0], tuple((tuple(a.shape), str(a.dtype)) for a in avals),
+        key = ("stage", plan_key, stage.nodes, tuple((tuple(a.shape), str(a.dtype)) for a in avals),
                tuple(sorted((k, repr(v)) for k, v in literals.items())))
         if key not in cache:
             members = set(stage.nodes)
@@ -596,6 +627,60 @@ class Graph:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{i['dtype']}{list(i['shape'])}" for i in self.inputs)
         return f"<goblin_dask.Graph ({shapes}) -> {len(self.outputs)} output(s), {len(self.nodes)} nodes>"
+
+
+def _reads(node: dict) -> list[str]:
+    """The names a node reads."""
+    return _refs(node["args"]) + _refs(list(node["kwargs"].values()))
+
+
+def _ancestors(nodes: Sequence[dict], wanted: set[str]) -> set[str]:
+    """The names among ``nodes`` that ``wanted`` depends on (themselves included)."""
+    by_name = {n["name"]: n for n in nodes}
+    seen, stack = set(), [w for w in wanted if w in by_name]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(r for r in _reads(by_name[name]) if r in by_name and r not in seen)
+    return seen
+
+
+def _stages(groups: Sequence[Sequence[dict]], inputs: Sequence[str], lab: set[str], outputs: Sequence[str]) -> list[Stage]:
+    """:class:`Stage` s of node ``groups`` run in that order.  A name a group makes that an earlier group made too
+    (a forward recomputed for its backward) stays that group's own: what later groups read comes from the group
+    that made it first."""
+    made: dict[str, int] = {}
+    for s, group in enumerate(groups):
+        for n in group:
+            made.setdefault(n["name"], s)
+    read_later: list[set[str]] = [set() for _ in groups]
+    for s, group in enumerate(groups):
+        inside = {n["name"] for n in group}
+        for n in group:
+            for r in _reads(n):
+                if r not in inside and r in made:
+                    read_later[made[r]].add(r)
+    for r in outputs:
+        if r in made:
+            read_later[made[r]].add(r)
+    plan, earlier = [], []
+    for s, group in enumerate(groups):
+        inside, reads = {n["name"] for n in group}, []
+        for n in group:
+            for r in _reads(n):
+                if r not in reads and r not in inside:
+                    reads.append(r)
+        # the stage's inputs in a fixed order: the call's inputs, the model's arrays, then earlier stages' values
+        order = [r for r in inputs if r in reads] + [r for r in reads if r in lab] + [r for r in earlier if r in reads]
+        missing = [r for r in reads if r not in order]
+        if missing:
+            raise ValueError(f"stage {s} reads {missing[:3]}, which no earlier stage makes")
+        mine = [n["name"] for n in group if made[n["name"]] == s and n["name"] in read_later[s]]
+        plan.append(Stage(tuple(n["name"] for n in group), tuple(order), tuple(mine)))
+        earlier += mine
+    return plan
 
 
 def _value_bytes(node: dict, symbols: Mapping[str, int]) -> float:

@@ -61,7 +61,10 @@ def trace(model: Any, loss_fn: Callable, x: Any, y: Any, param_names: Sequence[s
     with sdpa_kernel([SDPBackend.MATH]):
         gm = make_fx(torch.func.functionalize(joint, remove="mutations"), decomposition_table=_decompositions(torch),
                      tracing_mode="fake", record_stack_traces=True)(params, buffers, xt, yt)
-    return _to_graph(torch, gm, [*params, *buffers, xt, yt])
+    graph = _to_graph(torch, gm, [*params, *buffers, xt, yt])
+    # the loss and the buffers after the forward: what the forward alone makes (a stage plan recomputes it)
+    graph.forward_outputs = (0, *range(1 + len(names), 1 + len(names) + len(bnames)))
+    return graph
 
 
 def _place(node: Any) -> str:
