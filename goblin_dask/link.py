@@ -443,6 +443,8 @@ class OtherLabHandshakes:
     Without it the node says nothing: tornado's own "SSL Error" line is silenced by distributed's logging
     config."""
 
+    MAX_ADDRESSES = 1024
+
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.last: float | None = None
@@ -457,9 +459,11 @@ class OtherLabHandshakes:
         now = self.clock()
         if self.last is not None and now - self.last < float(settings.get("goblin.link.other-lab-log-interval")):
             self.held += 1
-            self.held_from.add(parse_host_port(parse_address(address)[1])[0])
+            if len(self.held_from) < self.MAX_ADDRESSES:  # a count, so a flood from many addresses stays small
+                self.held_from.add(parse_host_port(parse_address(address)[1])[0])
             return
-        held = (f" ({self.held} more since the last such line, from {len(self.held_from)} address(es))"
+        many = "+" if len(self.held_from) >= self.MAX_ADDRESSES else ""
+        held = (f" ({self.held} more since the last such line, from {len(self.held_from)}{many} address(es))"
                 if self.held else "")
         logger.warning("refused a TLS connection from %s: its certificate is not signed by this lab's CA (%s): it "
                        "holds another lab's credential, and needs one from this lab (`goblin enroll`, `goblin "
