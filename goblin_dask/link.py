@@ -428,6 +428,52 @@ class LabTLSConnector(TLSConnector):
     comm_class = staticmethod(_comm_for)
 
 
+#: OpenSSL's reasons for a handshake that failed because one side's certificate is not under the other's CA:
+#: the peer refused this lab's certificate (``...ALERT_UNKNOWN_CA``, ``...ALERT_BAD_CERTIFICATE``, and
+#: ``...ALERT_DECRYPT_ERROR``: every goblin lab's CA has the same name, so the peer finds its own CA as the
+#: issuer and the signature fails to verify) or this lab refused the peer's (``CERTIFICATE_VERIFY_FAILED``).
+#: Either way the peer holds another lab's credential.
+OTHER_CA_REASONS = ("UNKNOWN_CA", "BAD_CERTIFICATE", "DECRYPT_ERROR", "CERTIFICATE_VERIFY_FAILED")
+
+
+class OtherLabHandshakes:
+    """Says on the node's log, as one WARNING line, that a TLS handshake was refused over another lab's
+    certificate, with the peer's address; at most one line per ``goblin.link.other-lab-log-interval`` seconds,
+    the next one counting those held back, so that an agent retrying (or a flood) cannot fill the log.
+    Without it the node says nothing: tornado's own "SSL Error" line is silenced by distributed's logging
+    config."""
+
+    MAX_ADDRESSES = 1024
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.last: float | None = None
+        self.held, self.held_from = 0, set()
+
+    @staticmethod
+    def is_other_ca(error: BaseException | None) -> bool:
+        reason = str(getattr(error, "reason", None) or error or "").upper()
+        return isinstance(error, SSLError) and any(r in reason for r in OTHER_CA_REASONS)
+
+    def refused(self, address: str, error: BaseException) -> None:
+        now = self.clock()
+        if self.last is not None and now - self.last < float(settings.get("goblin.link.other-lab-log-interval")):
+            self.held += 1
+            if len(self.held_from) < self.MAX_ADDRESSES:  # a count, so a flood from many addresses stays small
+                self.held_from.add(parse_host_port(parse_address(address)[1])[0])
+            return
+        many = "+" if len(self.held_from) >= self.MAX_ADDRESSES else ""
+        held = (f" ({self.held} more since the last such line, from {len(self.held_from)}{many} address(es))"
+                if self.held else "")
+        logger.warning("refused a TLS connection from %s: its certificate is not signed by this lab's CA (%s): it "
+                       "holds another lab's credential, and needs one from this lab (`goblin enroll`, `goblin "
+                       "researchers issue`)%s", address, getattr(error, "reason", None) or error, held)
+        self.last, self.held, self.held_from = now, 0, set()
+
+
+OTHER_LAB_HANDSHAKES = OtherLabHandshakes()
+
+
 class LabTLSListener(TLSListener):
     comm_class = staticmethod(_comm_for)
 
@@ -440,7 +486,11 @@ class LabTLSListener(TLSListener):
         try:
             await asyncio.wait_for(stream.wait_for_handshake(), float(settings.get("goblin.link.handshake-timeout")))
         except (OSError, asyncio.TimeoutError) as e:
-            logger.info("TLS handshake with %s failed: %s", address, getattr(e, "real_error", None) or e or "timeout")
+            real = getattr(e, "real_error", None) or e
+            if OtherLabHandshakes.is_other_ca(real):
+                OTHER_LAB_HANDSHAKES.refused(address, real)
+            else:
+                logger.info("TLS handshake with %s failed: %s", address, str(real) or "timeout")
             stream.close()
             return None
         finally:

@@ -187,3 +187,35 @@ def test_volunteers_rejoin_a_restarted_lab_node_on_their_own(testbed):
     assert_matches_numpy(product(a, b), a, b)
     report = bed.report()
     assert report["rejected"] == 0 and sum(v["accepted"] for v in report["volunteers"].values()) > 0
+
+
+def test_doctor_names_the_lab_workers_port_closed_in_the_lab_firewall(testbed):
+    """`goblin doctor` from the lab's network passes; once the lab's firewall drops the lab worker's port (the
+    scheduler's stays open), it names that port and what to open, and exits non-zero."""
+    from goblin_dask.errors import EXIT_GAVE_UP
+    from tests.nettestbed import LAB_PUBLIC, LAB_WORKER_PORT
+
+    bed = testbed(homes_count=0, delay=None)
+    credential = bed.enroll("doctor-vol", bed.workdir / "doctor-vol.credential")
+
+    def doctor() -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", bed.research, sys.executable, "-m", "goblin_dask.cli", "doctor",
+                               bed.address, "--credential", str(credential), "--timeout", "5"],
+                              capture_output=True, text=True, timeout=300)
+
+    lab_worker = f"tls://{LAB_PUBLIC}:{LAB_WORKER_PORT}"
+    healthy = doctor()
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert f"ok   lab worker: {lab_worker} reachable" in healthy.stdout, healthy.stdout
+
+    subprocess.run(["ip", "netns", "exec", bed.lab, "nft", "-f", "-"], check=True, text=True, input=f"""
+table ip firewall {{
+  chain input {{ type filter hook input priority filter; iifname "lan" tcp dport {LAB_WORKER_PORT} drop; }}
+}}
+""")
+    closed = doctor()
+    assert closed.returncode == EXIT_GAVE_UP, closed.stdout + closed.stderr
+    assert [line.split(":")[0] for line in closed.stdout.splitlines()] == [
+        "ok   credential", "ok   TLS", "ok   role", "FAIL lab worker"], closed.stdout
+    assert (f"FAIL lab worker: the lab worker's port {lab_worker} cannot be reached: open it in the lab's firewall"
+            in closed.stdout), closed.stdout

@@ -7,7 +7,9 @@ volunteer agents started as `goblin volunteer` is, and `goblin node` itself for 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -22,9 +24,11 @@ import goblin_dask
 import goblin_dask.array as ga
 from goblin_dask import connect
 from goblin_dask.cli import main as goblin
-from goblin_dask.errors import (EXIT_OTHER_LAB, EXIT_PORT_IN_USE, EXIT_REVOKED, EXIT_WRONG_ROLE, EXIT_WRONG_SCHEME,
-                                FatalConnectError)
+from goblin_dask.node.local import LabNode
+from goblin_dask.errors import (EXIT_GAVE_UP, EXIT_OTHER_LAB, EXIT_PORT_IN_USE, EXIT_REVOKED, EXIT_WRONG_ROLE,
+                                EXIT_WRONG_SCHEME, FatalConnectError)
 from goblin_dask.tls import Credential, LabCA
+from tests.conftest import wait_for
 
 
 def _tcp(address: str) -> str:
@@ -152,6 +156,26 @@ def test_doctor_names_each_broken_setup(lab, tmp_path):
     assert garbage.exit_code != 0 and "neither a goblin credential" in garbage.output
 
 
+def test_doctor_names_a_node_without_a_lab_worker(tmp_path):
+    """`goblin node --no-lab-worker`: volunteers would have no lab process to keep standby connections to."""
+    state = tmp_path / "state"
+    node = subprocess.Popen([sys.executable, "-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0",
+                             "--no-dashboard", "--no-lab-worker", "--state-dir", str(state)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (state / "node.json").exists() or node.poll() is not None, "the node to start", 120)
+        assert node.poll() is None, node.returncode
+        address = json.loads((state / "node.json").read_text())["address"]
+        result = _doctor(address, state / "admin.credential")
+        assert result.exit_code == EXIT_GAVE_UP, result.output
+        assert [line.split(":")[0] for line in result.output.splitlines()] == [
+            "ok   credential", "ok   TLS", "ok   role", "FAIL lab worker"], result.output
+        assert "the node has no lab worker: run `goblin node` with --lab-worker" in result.output
+    finally:
+        node.terminate()
+        node.wait(60)
+
+
 # -- 3. fatal errors end the command at once, with their own exit code ------------------------------------
 
 
@@ -212,6 +236,69 @@ def test_connect_refuses_at_once_what_cannot_succeed(lab, tmp_path):
     with pytest.raises(FatalConnectError, match="issued by another lab node") as e:
         connect(lab.address, credential=_other_lab(tmp_path, "researcher", "eve").encode(), timeout=30)
     assert e.value.exit_code == EXIT_OTHER_LAB
+
+
+def _handshake(address: str, credential: Credential) -> str:
+    """One TLS handshake with ``credential`` at ``address``, the way the volunteer agent opens its connection;
+    returns why it failed (a credential of another lab never gets through)."""
+    import ssl
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    context = credential.security().get_connection_args("worker")["ssl_context"]
+    with socket.create_connection(parse_host_port(parse_address(address)[1]), timeout=30) as raw:
+        try:
+            context.wrap_socket(raw).close()
+        except ssl.SSLError as e:
+            return str(e)
+    raise AssertionError(f"a credential of another lab got through the TLS handshake at {address}")
+
+
+def test_the_node_logs_a_credential_of_another_lab_once_per_interval_with_its_address(lab):
+    """A volunteer enrolled at lab A joins lab B: it stops at once with its reason, and B says on its log what
+    happened, with the peer's address, in one WARNING line; a flood of such handshakes is counted in B's next
+    line, not written one by one.  A and B both keep serving."""
+    token = lab.enroll("wanderer")  # lab A: the session's lab
+    with dask.config.set({"goblin.link.other-lab-log-interval": 2.0}):
+        lab_b = LabNode.local(volunteers=0, dashboard=False)
+    with lab_b:
+        log = lab_b.state_dir / "logs" / "scheduler.log"
+
+        def lines() -> list[str]:
+            return [line for line in log.read_text(errors="replace").splitlines() if "refused a TLS connection" in line]
+
+        proc = _volunteer(lab_b.address, token)
+        assert proc.returncode == EXIT_OTHER_LAB and "issued by another lab node" in proc.stderr, proc.stderr
+        wait_for(lambda: lines(), "lab B's line about the refused handshake")
+        (first,) = lines()
+        assert "goblin node WARNING refused a TLS connection from tls://127.0.0.1:" in first, first
+        assert "its certificate is not signed by this lab's CA" in first and "another lab's credential" in first
+        assert "more since the last such line" not in first
+
+        wanderer = Credential.decode(token)
+        flood = 40
+        for _ in range(flood):
+            assert "certificate verify failed" in _handshake(lab_b.address, wanderer)
+        attempts = 1 + flood
+
+        def next_line() -> bool:
+            nonlocal attempts
+            _handshake(lab_b.address, wanderer)
+            attempts += 1
+            return len(lines()) > 1
+
+        wait_for(next_line, "lab B's next line, once its interval has passed", interval=0.5)
+        assert len(lines()) == 2, lines()  # the flood held back, not written
+        held = re.search(r"\((\d+) more since the last such line, from 1 address\(es\)\)", lines()[1])
+        assert held and flood <= int(held.group(1)) <= attempts - 2, (lines()[1], attempts)
+
+        rng = np.random.default_rng(5)
+        a, b = rng.standard_normal((256, 192)), rng.standard_normal((192, 128))
+        for node in (lab, lab_b):  # both labs keep serving
+            path = _issue_researcher(node, "after-the-wanderer").stdout.strip()
+            with connect(node.address, credential=path, timeout=30, set_as_default=False) as client:
+                got = (ga.from_array(a, chunks=64) @ ga.from_array(b, chunks=64)).compute(scheduler=client.get)
+            np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("which", ["--port", "--dashboard-port"])

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 
@@ -132,6 +133,11 @@ def test_the_lab_admin_volunteer_and_researcher_quickstarts_run_as_written(tmp_p
         assert grid.processes[0].poll() is None, banner
         address = re.search(r"goblin lab node at (tls://\S+)", banner).group(1)
         assert address == grid.put("tls://lab.example:8786"), banner
+        # the banner links the lab page, everyone's, not the admin's /status; and that page is served there
+        page = re.search(r"^lab page: (\S+)", banner, flags=re.M).group(1)
+        assert page == grid.put("http://lab.example:8787/goblin/"), banner
+        with urllib.request.urlopen(page, timeout=30) as response:
+            assert response.status == 200 and "goblin lab node" in response.read().decode()
         (enroll,) = admin[1]
         grid.run("admin", enroll)
         alice = grid.cwd("admin") / "alice.credential"
