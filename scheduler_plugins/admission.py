@@ -293,6 +293,13 @@ class AdmissionPlugin(SchedulerPlugin):
                 reason = f"sent a heartbeat for another worker ({named} at {address})"
                 self.ban(peer[1], reason)
                 raise PermissionError(f"goblin lab node: {reason}")
+            entries, text = VOLUNTEER_HELLO_LIMITS["metrics"]
+            if measure(kwargs.get("metrics"), entries, text) is None:  # distributed reads them at every heartbeat
+                reason = (f"its heartbeat's 'metrics' is larger than this lab reads from a volunteer (at most {entries} "
+                          f"entries and {text} bytes of text)")
+                self.refusals.append({"address": str(address)[:200], "reason": reason})
+                logger.warning("refused a heartbeat of volunteer %s: %s", peer[1], reason)
+                raise PermissionError(f"goblin lab node: {reason}")
         return self._heartbeat(address=address, **kwargs)
 
     def refuse_set_resources(self, *args, **kwargs):

@@ -223,6 +223,32 @@ def test_the_size_of_a_huge_value_is_not_walked_past_the_limit():
     assert measure({"x" * 9000: 1}, 10, 8192) is None
 
 
+def test_a_heartbeat_carrying_more_metrics_than_a_volunteer_sends_is_refused(tmp_path):
+    """A volunteer's heartbeats carry the same ``metrics`` as its register-worker, every half second: beyond their
+    limit a heartbeat is refused and recorded, and the scheduler keeps the metrics it had."""
+    from scheduler_plugins.admission import VOLUNTEER_HELLO_LIMITS
+
+    async def body(lab):
+        bob = await lab.start_worker(lab.credential("volunteer", "bob"), cls=volunteer_worker(),
+                                     resources={VOLUNTEER_RESOURCE: 1})
+        ws = lab.scheduler.workers[bob.address]
+        honest = dict(ws.metrics)
+        huge = {**honest, "digests": {f"d{i}": float(i) for i in range(VOLUNTEER_HELLO_LIMITS["metrics"][0] + 1)}}
+        async with connect_rpc(lab.scheduler.address,
+                               connection_args=lab.credentials["bob"].security().get_connection_args("worker")) as r:
+            with pytest.raises(PermissionError, match="its heartbeat's 'metrics' is larger"):
+                await r.heartbeat_worker(address=bob.address, now=time.time(), metrics=huge, executing={},
+                                         extensions={})
+            honest_beat = await r.heartbeat_worker(address=bob.address, now=time.time(), metrics=honest,
+                                                   executing={}, extensions={})
+            assert honest_beat["status"] == "OK"
+        assert "its heartbeat's 'metrics' is larger" in lab.admission.refusals[-1]["reason"]
+        assert "digests" not in ws.metrics or len(ws.metrics["digests"]) <= len(honest.get("digests", {}))
+        assert bob.address in lab.scheduler.workers and not lab.admission.banned
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+
+
 def test_a_volunteer_that_left_may_come_back_but_a_banned_one_may_not(tmp_path):
     async def body(lab):
         alice, bob = lab.credentials["alice"], lab.credentials["bob"]
