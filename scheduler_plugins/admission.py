@@ -67,6 +67,23 @@ VOLUNTEER_KEY_BYTES_PER_CALL = 16 * 2**10
 #: the lab into tiles so small that the lab computes them itself (issue 29: 256 threads in 64 MiB).
 VOLUNTEER_MAX_THREADS = 256
 VOLUNTEER_MIN_MEMORY = 64 * 2**20
+#: What a joining volunteer's ``register-worker`` may carry beside its claims, per field: at most this many
+#: entries (dict entries and list elements, nested ones included) and this many bytes of text (strings and keys;
+#: a number counts 8), measured before distributed reads any of it.  Issue 29: 16 MiB of ``versions`` (read
+#: within the read rate) stalled the scheduler's loop 4.66 s in distributed's version comparison, which runs
+#: again for every worker and client that joins after it, over every worker's versions.  What the real agent
+#: sends (``distributed.versions.get_versions`` names a fixed list of about 10 packages; the credential is its
+#: only startup information), measured by ``tests/test_admission_fast.py``, is at least 10x below each.
+VOLUNTEER_HELLO_LIMITS = {
+    "versions": (256, 8 * 2**10),  # real: ~20 entries, ~0.5 KiB; compared on every join
+    "metrics": (2048, 64 * 2**10),  # real: ~60 entries, ~1.5 KiB; distributed's heartbeat metrics
+    "services": (16, 2**10),
+    "resources": (16, 2**10),  # replaced by the role's slots at admission
+}
+#: Every other field of a volunteer's ``register-worker`` (its name, server_id, address, local_directory, ...):
+#: at most this many entries and bytes of text each (a path fits).  ``extra`` (startup information) has its own
+#: setting, ``goblin.admission.max-startup-information``.
+VOLUNTEER_HELLO_FIELD = (64, 4 * 2**10)
 #: A volunteer's registration is stale after this many of distributed's heartbeat intervals without one
 #: (0.5 s each up to 10 workers), and never under :data:`STALE_MIN_SECONDS`; a new connection proven by the
 #: same certificate then replaces it (:meth:`AdmissionPlugin.stale_registration`).
@@ -194,10 +211,14 @@ class AdmissionPlugin(SchedulerPlugin):
     # -- handlers ----------------------------------------------------------------
     async def register_worker(self, comm, *, address: str, name: Any = None, extra: dict | None = None,
                               resources: dict | None = None, nthreads: int = 1, **kwargs):
-        credential = ((extra or {}).get("goblin") or {}).get("credential", "")
+        peer = peer_identity(comm)
+        sizes: dict[str, tuple[int, int]] = {}
         try:
+            if peer is not None and peer[0] == "volunteer":  # what it sent, before anything reads it
+                sizes = _check_volunteer_hello({"address": address, "name": name, "extra": extra,
+                                                "resources": resources, **kwargs})
+            credential = ((extra or {}).get("goblin") or {}).get("credential", "")
             ident = self.keys.verify(credential)
-            peer = peer_identity(comm)
             if peer != (ident.role, ident.name):
                 raise CredentialError(f"its certificate ({peer}) does not match its token ({ident.role}, {ident.name})")
             if ident.name in self.banned:
@@ -210,8 +231,9 @@ class AdmissionPlugin(SchedulerPlugin):
             if ident.role == "volunteer":
                 _check_volunteer_claims(nthreads, kwargs.get("memory_limit"))
         except CredentialError as e:
-            self.refusals.append({"address": address, "reason": str(e)})
-            logger.warning("refused worker %s: %s", address, e)
+            where = str(address)[:200]  # what the worker says its address is: any text, when it is refused for size
+            self.refusals.append({"address": where, "reason": str(e)})
+            logger.warning("refused worker %s (%s): %s", where, f"{peer[0]} {peer[1]}" if peer else "no certificate", e)
             await comm.write({"status": "error", "time": time.time(), "message": f"goblin lab node refused this worker: {e}"})
             return
         if stale is not None:
@@ -219,7 +241,11 @@ class AdmissionPlugin(SchedulerPlugin):
         self.roles[address] = ident.role
         self.names[address] = ident.name
         slots = {VOLUNTEER_RESOURCE: float(nthreads)} if ident.role == "volunteer" else {LAB_RESOURCE: LAB_SLOTS}
-        logger.info("admitted %s %s at %s", ident.role, ident.name, address)
+        if ident.role == "volunteer":
+            logger.info("admitted volunteer %s at %s; its register-worker's (entries, bytes of text): %s", ident.name,
+                        address, ", ".join(f"{f} {n}/{b}" for f, (n, b) in sorted(sizes.items())))
+        else:
+            logger.info("admitted %s %s at %s", ident.role, ident.name, address)
         return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},
                                       resources=slots, nthreads=nthreads, **kwargs)
 
@@ -266,6 +292,13 @@ class AdmissionPlugin(SchedulerPlugin):
             if named is not None and named != peer[1]:  # a volunteer heartbeats for itself only
                 reason = f"sent a heartbeat for another worker ({named} at {address})"
                 self.ban(peer[1], reason)
+                raise PermissionError(f"goblin lab node: {reason}")
+            entries, text = VOLUNTEER_HELLO_LIMITS["metrics"]
+            if measure(kwargs.get("metrics"), entries, text) is None:  # distributed reads them at every heartbeat
+                reason = (f"its heartbeat's 'metrics' is larger than this lab reads from a volunteer (at most {entries} "
+                          f"entries and {text} bytes of text)")
+                self.refusals.append({"address": str(address)[:200], "reason": reason})
+                logger.warning("refused a heartbeat of volunteer %s: %s", peer[1], reason)
                 raise PermissionError(f"goblin lab node: {reason}")
         return self._heartbeat(address=address, **kwargs)
 
@@ -456,6 +489,86 @@ def _check_volunteer_claims(nthreads: Any, memory_limit: Any) -> None:
             f"it claims {nthreads} task threads in a memory limit of {int(memory_limit)} bytes, "
             f"{int(memory_limit // nthreads)} per thread: goblin.admission.min-memory-per-thread is {floor} "
             f"(lower --nthreads or raise --memory-limit)")
+
+
+def max_startup_information() -> int:
+    """``goblin.admission.max-startup-information`` in bytes: the most text of a joining volunteer's ``extra``."""
+    import dask.utils
+
+    from goblin_dask import settings
+
+    value = settings.get("goblin.admission.max-startup-information")
+    value = int(dask.utils.parse_bytes(value) if isinstance(value, str) else value)
+    if value <= 0:
+        raise ValueError(f"goblin.admission.max-startup-information must be a positive number of bytes, got {value!r}")
+    return value
+
+
+def measure(value: Any, entries: int, text: int) -> tuple[int, int] | None:
+    """``(entries, bytes of text)`` of a decoded message's ``value`` (see :data:`VOLUNTEER_HELLO_LIMITS`), or None
+    as soon as it has more than ``entries`` or ``text``: the walk stops there, so a huge value costs no more than
+    the limits to refuse."""
+    count = size = 0
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            if count > entries:
+                return None
+            for k, v in item.items():
+                todo.append(k)
+                todo.append(v)
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            count += len(item)
+            if count > entries:
+                return None
+            todo.extend(item)
+        elif isinstance(item, (str, bytes, bytearray, memoryview)):
+            size += len(item)
+        else:
+            size += 8
+        if size > text:
+            return None
+    return count, size
+
+
+def hello_limits(field: str) -> tuple[int, int]:
+    """The (entries, bytes of text) a joining volunteer's ``register-worker`` field may carry."""
+    if field == "extra":
+        text = max_startup_information()
+        return text // 8, text
+    return VOLUNTEER_HELLO_LIMITS.get(field, VOLUNTEER_HELLO_FIELD)
+
+
+def _check_volunteer_hello(fields: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """CredentialError naming the first field of a joining volunteer's ``register-worker`` beyond its
+    :func:`hello_limits`, or whose ``versions`` distributed could not compare (its comparison sorts the package
+    names of every worker together, at every join: one worker's odd entry would break every later one); else
+    each field's ``(entries, bytes)``."""
+    sizes = {}
+    for field, value in fields.items():
+        entries, text = hello_limits(field)
+        size = measure(value, entries, text)
+        if size is None:
+            what = "startup information ('extra')" if field == "extra" else repr(str(field)[:40])
+            raise CredentialError(
+                f"its register-worker's {what} is larger than this lab reads from a volunteer (at most {entries} "
+                f"entries and {text} bytes of text; a goblin volunteer sends far less: is this a modified agent?)")
+        sizes[str(field)] = size
+    if not isinstance(fields.get("extra") or {}, dict):
+        raise CredentialError("its register-worker's startup information ('extra') is not a mapping")
+    versions = fields.get("versions")
+    if versions is not None:
+        if not isinstance(versions, dict) or any(not isinstance(versions.get(part, {}), dict)
+                                                 for part in ("host", "packages")):
+            raise CredentialError("its register-worker's 'versions' is not distributed's {'host': {...}, "
+                                  "'packages': {...}}")
+        for name, version in versions.get("packages", {}).items():
+            if not isinstance(name, str) or not (version is None or isinstance(version, str)):
+                raise CredentialError(f"its register-worker's 'versions' names package {str(name)[:40]!r} with "
+                                      f"version {str(version)[:40]!r} (names and versions are text)")
+    return sizes
 
 
 def _role_may_call(role: str | None, op: str) -> bool:

@@ -34,6 +34,10 @@ Kind ``large-hello`` (not an attack: an honest volunteer whose worker plugins de
 ``register-worker`` carries ``--hello-bytes`` bytes of startup information (``extra``), so the scheduler reads that
 much of it at once, beyond the burst of ``goblin.link.scheduler-read-rate``; it then computes honestly.
 
+Registration attack ``large-versions``: its ``register-worker`` carries ``--hello-bytes`` bytes of ``versions``
+(package names, about 64 bytes each), which distributed compares with every worker's at every join (issue 29:
+16 MiB stalled the scheduler's loop 4.66 s); the lab refuses it before, and the agent exits with the reason.
+
 Claim attack ``claim``: registers with a memory limit of ``--claim-memory`` bytes, whatever its machine has
 (distributed clips a real limit to the machine's memory), beside its ``--nthreads``; it computes honestly,
 and logs ``hostile: held N tasks at once`` each time it holds more tasks (given, not yet finished) than ever.
@@ -58,6 +62,7 @@ FLOOD_MESSAGES, FLOOD_KEYS = 40, 2_000
 RESULT_ATTACKS = ("result-list", "result-scalar", "result-shape", "result-dtype")
 TASK_ATTACKS = ("bounce", "hold", "late-report")
 CLAIM_ATTACKS = ("claim",)
+HELLO_ATTACKS = ("large-versions",)
 HONEST_KINDS = ("large-hello",)
 #: A worker's states of a task it was given to compute and has not finished.
 HELD_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
@@ -73,7 +78,7 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
 
     opts, rest = take_options(argv, {"attack": None, "target": None, "lab": None, "victim": None, "trigger": None,
                                      "keep": "4", "every": "1.0", "claim-memory": None, "hello-bytes": "0"})
-    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS + HONEST_KINDS
+    kinds = STREAM_ATTACKS + RESULT_ATTACKS + TASK_ATTACKS + CLAIM_ATTACKS + HELLO_ATTACKS + HONEST_KINDS
     if opts["attack"] not in kinds:
         raise SystemExit(f"tests.hostile: --attack must be one of {kinds}")
     return opts, rest
@@ -145,6 +150,18 @@ def main(argv: list[str]) -> None:
             return info
 
         Worker.get_startup_information = large_startup_information
+    elif kind == "large-versions":
+        import distributed.worker
+
+        size, honest_versions = int(opts["hello-bytes"]), distributed.worker.get_versions
+
+        def large_versions():
+            versions = honest_versions()
+            versions["packages"].update({f"goblin-test-package-{i:012d}": f"{i:024d}" for i in range(size // 64 + 1)})
+            logger.warning("large-versions: register-worker carries %d bytes of versions", size)
+            return versions
+
+        distributed.worker.get_versions = large_versions  # what Worker._register_with_scheduler sends
     elif kind in CLAIM_ATTACKS:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 

@@ -7,6 +7,7 @@ their signed tokens; ``test_grid`` and ``test_access_tls`` check the same with r
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import pytest
@@ -143,6 +144,109 @@ def test_a_claim_of_less_memory_per_thread_than_the_setting_is_refused_naming_it
         _check_volunteer_claims(nthreads, memory_limit)
     with dask.config.set({"goblin.admission.min-memory-per-thread": "128KiB"}):  # a lab that allows less
         _check_volunteer_claims(nthreads, memory_limit)
+
+
+def test_an_honest_volunteers_register_worker_is_far_below_the_limits(tmp_path, monkeypatch):
+    """Issue 29: the limits on what a joining volunteer's ``register-worker`` carries must pass the real agent with
+    margin.  Its message, as its worker class sends it (distributed's versions and metrics, its credential as
+    startup information), measured field by field by the check itself: each at most a tenth of its limit."""
+    from scheduler_plugins import admission
+
+    measured: list[dict] = []
+    check = admission._check_volunteer_hello
+    monkeypatch.setattr(admission, "_check_volunteer_hello", lambda fields: measured.append(check(fields)) or
+                        measured[-1])
+
+    async def body(lab):
+        await lab.start_worker(lab.credential("volunteer", "bob"), cls=volunteer_worker(), nthreads=4,
+                               resources={VOLUNTEER_RESOURCE: 4})
+        assert sorted(ws.name for ws in lab.scheduler.workers.values()) == ["alice", "bob", "lab-worker"]
+
+    run_lab(tmp_path, body, volunteers=("alice",))
+    assert len(measured) == 2  # alice and bob; the lab worker is not measured
+    for sizes in measured:
+        assert {"versions", "metrics", "extra", "name", "address", "server_id", "local_directory"} <= set(sizes)
+        for field, (entries, text) in sizes.items():
+            most_entries, most_text = admission.hello_limits(field)
+            assert entries * 10 <= most_entries and text * 10 <= most_text, (field, entries, text)
+    versions = measured[0]["versions"]
+    assert 10 <= versions[0] <= 64 and 100 <= versions[1] <= 2048  # about 20 entries, a few hundred bytes
+
+
+def _honest_hello() -> dict:
+    from distributed.versions import get_versions
+
+    return {"address": "nat://alice:1", "name": "alice", "server_id": "Worker-0123", "versions": get_versions(),
+            "metrics": {"task_counts": {}, "cpu": 1.0, "memory": 2**30}, "extra": {"goblin": {"credential": "x" * 900}},
+            "local_directory": "/tmp/dask-scratch-space/worker-abc", "status": "running", "pid": 7}
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("versions", {"host": {}, "packages": {f"p{i}": "1.0" for i in range(300)}}, "'versions' is larger"),
+    ("versions", {"host": {}, "packages": {"numpy": "1" * 9000}}, "'versions' is larger"),
+    ("versions", [["numpy", "2.0"]], "is not distributed's"),
+    ("versions", {"packages": ["numpy"]}, "is not distributed's"),
+    ("versions", {"packages": {1: "2.0", "numpy": "2.0"}}, "names package '1'"),
+    ("versions", {"packages": {"numpy": 2}}, "with version '2'"),
+    ("extra", {"goblin": {"credential": "x" * 70_000}}, "startup information ('extra') is larger"),
+    ("extra", [[]] * 9000, "startup information ('extra') is larger"),
+    ("extra", ["goblin"], "is not a mapping"),
+    ("metrics", {"digests": list(range(5000))}, "'metrics' is larger"),
+    ("name", "a" * 5000, "'name' is larger"),
+    ("server_id", "s" * 5000, "'server_id' is larger"),
+    ("address", "nat://" + "a" * 5000, "'address' is larger"),
+    ("services", {f"s{i}": i for i in range(20)}, "'services' is larger"),
+    ("anything-else", [0] * 100, "'anything-else' is larger"),
+])
+def test_a_register_worker_carrying_more_than_a_volunteer_sends_is_refused_naming_the_field(field, value, reason):
+    """What a hostile volunteer can put in its ``register-worker`` (any msgpack value): refused, naming the field,
+    before distributed reads it (its version comparison sorts every worker's package names together)."""
+    from goblin_dask.credentials import CredentialError
+    from scheduler_plugins.admission import _check_volunteer_hello
+
+    _check_volunteer_hello(_honest_hello())
+    with pytest.raises(CredentialError, match=re.escape(reason)):
+        _check_volunteer_hello({**_honest_hello(), field: value})
+
+
+def test_the_size_of_a_huge_value_is_not_walked_past_the_limit():
+    """What the limits count (entries; bytes of text, a number counts 8), and where the walk stops: a container
+    with more entries than are left is refused before any of them is visited, so refusing 16 MiB of versions
+    costs what the limit costs, not what the value costs."""
+    from scheduler_plugins.admission import measure
+
+    assert measure({"a": ["bc", 1.5, None], "d": {}}, 10, 100) == (5, 1 + 2 + 8 + 8 + 1)
+    huge = {f"goblin-test-package-{i:012d}": f"{i:024d}" for i in range(250_000)}
+    assert measure(huge, 256, 8192) is None
+    assert measure(["x" * 100] * 1000, 10_000, 8192) is None
+    assert measure([[[]]] * 200, 256, 8192) is None  # 400 empty lists: no text, but entries
+    assert measure({"x" * 9000: 1}, 10, 8192) is None
+
+
+def test_a_heartbeat_carrying_more_metrics_than_a_volunteer_sends_is_refused(tmp_path):
+    """A volunteer's heartbeats carry the same ``metrics`` as its register-worker, every half second: beyond their
+    limit a heartbeat is refused and recorded, and the scheduler keeps the metrics it had."""
+    from scheduler_plugins.admission import VOLUNTEER_HELLO_LIMITS
+
+    async def body(lab):
+        bob = await lab.start_worker(lab.credential("volunteer", "bob"), cls=volunteer_worker(),
+                                     resources={VOLUNTEER_RESOURCE: 1})
+        ws = lab.scheduler.workers[bob.address]
+        honest = dict(ws.metrics)
+        huge = {**honest, "digests": {f"d{i}": float(i) for i in range(VOLUNTEER_HELLO_LIMITS["metrics"][0] + 1)}}
+        async with connect_rpc(lab.scheduler.address,
+                               connection_args=lab.credentials["bob"].security().get_connection_args("worker")) as r:
+            with pytest.raises(PermissionError, match="its heartbeat's 'metrics' is larger"):
+                await r.heartbeat_worker(address=bob.address, now=time.time(), metrics=huge, executing={},
+                                         extensions={})
+            honest_beat = await r.heartbeat_worker(address=bob.address, now=time.time(), metrics=honest,
+                                                   executing={}, extensions={})
+            assert honest_beat["status"] == "OK"
+        assert "its heartbeat's 'metrics' is larger" in lab.admission.refusals[-1]["reason"]
+        assert "digests" not in ws.metrics or len(ws.metrics["digests"]) <= len(honest.get("digests", {}))
+        assert bob.address in lab.scheduler.workers and not lab.admission.banned
+
+    run_lab(tmp_path, body, volunteers=("alice",))
 
 
 def test_a_volunteer_that_left_may_come_back_but_a_banned_one_may_not(tmp_path):

@@ -354,12 +354,15 @@ def test_an_honest_volunteer_sending_the_scheduler_more_than_its_read_burst_is_s
     volunteer that sends more than a burst at once.  Its ``register-worker`` carries 4 MiB of startup information
     (a large environment) at a read rate of 256 KiB/s: twice the burst, so nothing more of it is read for about 8 s,
     its heartbeats included, with ``goblin.link.dead-after`` at 3 s.  It stays connected, is neither banned nor
-    blamed, and computes its share of a product (numpy's numbers)."""
+    blamed, and computes its share of a product (numpy's numbers).  (The agent's startup information is its
+    credential, under 1 KB; a lab whose agents describe more raises ``goblin.admission.max-startup-information``,
+    as here.)"""
     import dask
 
     from goblin_dask.link import scheduler_read_rate
 
-    with dask.config.set({"goblin.link.dead-after": 3.0, "goblin.link.scheduler-read-rate": "256KiB"}), \
+    with dask.config.set({"goblin.link.dead-after": 3.0, "goblin.link.scheduler-read-rate": "256KiB",
+                          "goblin.admission.max-startup-information": "8MiB"}), \
             LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node:
         hello = 2 * int(scheduler_read_rate().burst)  # 4 MiB: 8 s of the rate beyond its burst
         big = node.add_volunteer(module="tests.hostile", extra_args=("--attack", "large-hello",
@@ -377,6 +380,60 @@ def test_an_honest_volunteer_sending_the_scheduler_more_than_its_read_burst_is_s
         assert big in node.volunteer_names() and node.processes[big].poll() is None
         log = (tmp_path / "lab" / "logs" / "scheduler.log").read_text(errors="replace")
         assert not [ln for ln in log.splitlines() if big in ln and "silent for" in ln], log[-3000:]
+
+
+def test_a_volunteer_registering_with_16_mib_of_versions_is_refused_before_they_are_compared(tmp_path):
+    """Issue 29: a volunteer credential's ``register-worker`` carrying 16 MiB of ``versions`` (within the read
+    rate's burst) stalled the scheduler's loop 4.66 s in distributed's version comparison, and could again at each
+    refill.  Now the lab refuses it, naming the field, before distributed reads it: the hostile agent exits with
+    the reason, the node logs a WARNING and records the refusal, the scheduler's loop never stalls (distributed
+    logs any stall over ``distributed.admin.tick.limit``, 3 s), a researcher's small jobs complete while it is
+    read and refused, and the honest volunteer beside it computes a product (numpy's numbers).  The honest
+    volunteer's own register-worker, as the node measured it, is far below every limit."""
+    import operator
+
+    from goblin_dask.errors import EXIT_REFUSED
+    from scheduler_plugins.admission import hello_limits
+
+    with LabNode.local(volunteers=1, state_dir=tmp_path / "lab", dashboard=False) as node:
+        (honest,) = node.volunteer_names()
+        rng = np.random.default_rng(29)
+        a, b = rng.standard_normal((1024, 1024)), rng.standard_normal((1024, 1024))
+        with node.client.as_current():
+            product = node.client.compute(ga.from_array(a, chunks=256) @ ga.from_array(b, chunks=256))
+        hostile = node.add_volunteer(module="tests.hostile", wait=False, extra_args=(
+            "--attack", "large-versions", "--hello-bytes", str(16 * 2**20)))
+        proc, jobs = node.processes[hostile], 0
+        while jobs == 0 or proc.poll() is None and hostile not in node.volunteer_names():  # while it is refused
+            assert node.client.submit(operator.add, jobs, 1, pure=False).result(timeout=120) == jobs + 1
+            jobs += 1
+        np.testing.assert_allclose(product.result(timeout=300), a @ b, rtol=1e-10, atol=1e-10)
+
+        logs = tmp_path / "lab" / "logs"
+        told = (logs / f"{hostile}.log").read_text(errors="replace")
+        assert proc.returncode == EXIT_REFUSED, told[-3000:]
+        assert "large-versions: register-worker carries 16777216 bytes of versions" in told, told[-3000:]
+        assert "the lab node refused this volunteer: goblin lab node refused this worker: its register-worker's " \
+               "'versions' is larger than this lab reads from a volunteer (at most 256 entries" in told, told[-3000:]
+        report = node.report()
+        refused = [r for r in report["refusals"] if "'versions' is larger" in r["reason"]]
+        assert len(refused) == 1 and len(refused[0]["address"]) <= 200, refused
+        assert hostile not in node.volunteer_names() and hostile not in report["volunteers"], report["volunteers"]
+        record = report["volunteers"][honest]
+        assert record["accepted"] > 0 and record["failed"] == 0 and not record["banned"], record
+        assert honest in node.volunteer_names() and node.processes[honest].poll() is None
+
+        log = (logs / "scheduler.log").read_text(errors="replace").splitlines()
+        assert [ln for ln in log if "WARNING" in ln and f"volunteer {hostile}" in ln and "'versions' is larger" in ln]
+        assert not [ln for ln in log if "unresponsive" in ln], [ln for ln in log if "unresponsive" in ln]
+        assert not [ln for ln in log if "Register worker" in ln and hostile in ln]  # distributed never saw it
+        (admitted,) = [ln for ln in log if f"admitted volunteer {honest} at" in ln]
+        sizes = dict(part.split(" ") for part in admitted.split("bytes of text): ")[1].split(", "))
+        for field, size in sizes.items():
+            entries, text = map(int, size.split("/"))
+            most_entries, most_text = hello_limits(field)
+            assert entries * 10 <= most_entries and text * 10 <= most_text, (field, size)
+        assert int(sizes["versions"].split("/")[0]) >= 10  # distributed's package list, measured
 
 
 def test_a_volunteer_fetches_from_the_lab_worker_only_the_inputs_of_its_own_tasks(tmp_path):
