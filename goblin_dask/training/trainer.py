@@ -12,8 +12,9 @@ checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin
   a round sends the batch and the parameters out once, and only the loss comes to this process.
 * **Pipelines of stage tasks** for a model larger than one stage: the joint graph, called like a captured
   pass (:meth:`Graph.stage_plan <goblin_dask.torch_capture.graph.Graph.stage_plan>`), runs as consecutive
-  stage tasks whose parameters each fit, the forward's then the backward's, each verified before the next
-  reads it; the optimizer step is op by op's.
+  stage tasks whose parameters each fit: the forward's, then one backward stage per forward stage that
+  recomputes that forward (only the residual stream and its gradient cross a cut), each verified before
+  the next reads it; the optimizer step is op by op's.
 * **Op by op** otherwise (no volunteers, an operator whose parameters alone exceed a stage, random
   operators): the joint graph built with ``ga`` calls, its products on volunteers (Freivalds-checked) and
   the rest placed and checked like any ga computation (:func:`optim.lab_round`).
