@@ -17,7 +17,7 @@ from scheduler_plugins.dashboard_guard import install_dashboard_guard
 from scheduler_plugins.http import install_routes
 from scheduler_plugins.exposure import ExposurePlugin
 from scheduler_plugins.faults import FaultPlugin
-from scheduler_plugins.held_tasks import HeldTasksPlugin
+from scheduler_plugins.held_tasks import HeldTasksPlugin, max_held_per_volunteer
 from scheduler_plugins.minimization import MinimizationPlugin
 from scheduler_plugins.signin import install_signin
 from scheduler_plugins.stream_guard import StreamGuardPlugin
@@ -40,13 +40,14 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
                                 state_dir=state_dir)  # the volunteers' credit is kept there
     exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
-    held = HeldTasksPlugin(scheduler, admission)  # after faults: it leaves full volunteers out of its valid_workers
+    # after faults: it leaves full volunteers out of its valid_workers; off (0) by default: see held_tasks
+    held = HeldTasksPlugin(scheduler, admission) if max_held_per_volunteer() else None
     training = TrainingRuns(scheduler)  # researchers' training rounds, for the lab's page
     cache = VolunteerCachePlugin(scheduler, admission)  # placement prefers volunteers holding a task's inputs
     researcher_keys = ResearcherKeysPlugin(scheduler)  # after catalog_only (it wraps scatter): each sees its own
     no_replicas(scheduler)
-    plugins = (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults, held, training, cache,
-               researcher_keys)
+    plugins = tuple(p for p in (admission, stream_guard, catalog_only, minimization, ledger, exposure, faults, held,
+                                training, cache, researcher_keys) if p is not None)
     for plugin in plugins:
         scheduler.add_plugin(plugin, name=plugin.name)
     install_routes(scheduler, ledger)

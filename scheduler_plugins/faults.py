@@ -92,6 +92,16 @@ def _tail(traceback_text: Any, lines: int = 3) -> str:
     return short_text(" | ".join(kept), LOG_CHARS)
 
 
+def _waits_for_a_slot(held: Any, ts: Any) -> bool:
+    """Is ``ts`` held back only until a running volunteer it may go to frees a slot?  Not when every full
+    volunteer it may go to is paused or gone: then it waits ``no-volunteer-wait`` like any task no volunteer
+    can take (a replica restricted to a paused volunteer waited forever)."""
+    if not held.is_held_back(ts.key):
+        return False
+    allowed = ts.worker_restrictions
+    return any(ws.status == Status.running and (not allowed or ws.address in allowed) for ws in list(held.full))
+
+
 class FaultPlugin(SchedulerPlugin):
     name = "goblin-faults"
 
@@ -351,7 +361,7 @@ class FaultPlugin(SchedulerPlugin):
         for ts in list(unrunnable):
             if VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
                 continue
-            if held is not None and held.is_held_back(ts.key):  # volunteers run it once one has a free slot
+            if held is not None and _waits_for_a_slot(held, ts):  # a volunteer runs it once one has a free slot
                 continue
             since = waiting[ts.key] = self.waiting_since.get(ts.key, now)
             if now - since >= self.volunteer_wait:

@@ -1,5 +1,9 @@
 """A volunteer holds at most a few tasks at once; the rest wait for a free slot, never lost.
 
+Off by default (``goblin.placement.max-held-per-volunteer: 0``): with it on, a computation hung in 2 of 4 loaded
+runs (a paused volunteer's tasks given back, ``tests/test_volunteer_side.py``), not yet understood; a lab that
+fears claimants of many threads sets it (64 below).
+
 distributed sends a ready task to a worker as soon as it picks one, however many the worker already
 has: its queueing (``distributed.scheduler.worker-saturation``) applies only to root-ish tasks, and a
 task with resource restrictions, as every volunteer task has, is never root-ish.  So a credential that
@@ -50,8 +54,8 @@ SWEEP_SECONDS = 1.0
 def max_held_per_volunteer() -> int:
     """``goblin.placement.max-held-per-volunteer``, checked."""
     value = settings.get("goblin.placement.max-held-per-volunteer")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"goblin.placement.max-held-per-volunteer must be a whole number of tasks, at least 1; "
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"goblin.placement.max-held-per-volunteer must be a whole number of tasks (0: no cap); "
                          f"got {value!r}")
     return value
 
