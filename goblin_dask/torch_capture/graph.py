@@ -141,7 +141,7 @@ class Graph:
         for n in self.nodes:
             if n["op"] not in aten.TABLE:
                 raise UnsupportedOperator(n["op"], why="no row in goblin_dask.torch_capture.aten.TABLE")
-            for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+            for r in _reads(n):
                 if r not in known:
                     raise ValueError(f"node {n['name']!r} reads {r!r} before it is defined")
             known.add(n["name"])
@@ -209,7 +209,7 @@ class Graph:
         env: dict[str, Any] = {k: _LazyConstant(None, k, v) for k, v in self.constants.items()}
         ops: set[str] = set()
         for n in self.nodes:
-            refs = _refs(n["args"]) + _refs(list(n["kwargs"].values()))
+            refs = _reads(n)
             if not refs or any(r not in env for r in refs) or "random" in aten.TABLE[n["op"]].needs:
                 continue
             try:
@@ -294,7 +294,7 @@ class Graph:
         folded = self._folded()
         for n in self.nodes:
             if n["name"] not in folded:
-                used.update(_refs(n["args"]) + _refs(list(n["kwargs"].values())))
+                used.update(_reads(n))
         used.update(_refs(list(self.outputs)))
         lab = [k for k in self.constant_specs if k in used] + [k for k in folded if k in used]
         return [i["name"] for i in self.inputs] + lab
@@ -343,7 +343,7 @@ class Graph:
         folded = self._folded()
         inputs = [i["name"] for i in self.inputs]
         lab = set(self.constant_specs) | set(folded)
-        shapes, batched = _input_shapes(self, env)
+        _, batched = _input_shapes(self, env)
         held_inputs = {n for n, b in zip(inputs, batched) if not b}
         nodes = [n for n in self.nodes if n["name"] not in folded]
         own = {n["name"]: {r for r in _reads(n) if r in lab or r in held_inputs} for n in nodes}
@@ -442,7 +442,7 @@ class Graph:
         or one of ``outputs``, reads (what a cut there sends through the lab), from each node's recorded shape and dtype
         with the call's batch size in its symbols."""
         symbols = {}
-        for i, (shape, _) in zip(self.inputs, zip(*_input_shapes(self, env))):
+        for i, shape in zip(self.inputs, _input_shapes(self, env)[0]):
             for s, d in zip(i["shape"], shape):
                 if isinstance(s, str) and s.isidentifier():
                     symbols[s] = int(d)
@@ -450,7 +450,7 @@ class Graph:
         position = {n["name"]: k for k, n in enumerate(nodes)}
         last_read = {}
         for k, n in enumerate(nodes):
-            for r in _refs(n["args"]) + _refs(list(n["kwargs"].values())):
+            for r in _reads(n):
                 if r in position:
                     last_read[r] = k
         for r in outputs:
@@ -469,15 +469,15 @@ class Graph:
             out.append(math.inf if live else running)
         return out
 
-    def _stage_program_of(self, stage: Stage, names: Sequence[str], avals: Sequence[Any], literals: Mapping[str, Any],
-                          plan_key: tuple) -> tuple[Any, dict]:
+    def _stage_program_of(self, stage: Stage, names: Sequence[str], avals: Sequence[Any],
+                          literals: Mapping[str, Any]) -> tuple[Any, dict]:
         """One stage of a :meth:`stage_plan` as a program reading the arrays ``names`` of ``avals``, with the
         earlier stages' values that are no arrays (sizes, shapes) bound as ``literals``: ``(program or None,
         {output: value} of its outputs that are no arrays)``, cached per shapes and literals."""
         from goblin_dask.array import program as prog
 
         cache = self.__dict__.setdefault("_programs", {})
-        key = ("stage", plan_key, stage.nodes, tuple((tuple(a.shape), str(a.dtype)) for a in avals),
+        key = ("stage", stage.nodes, tuple((tuple(a.shape), str(a.dtype)) for a in avals),
                tuple(sorted((k, repr(v)) for k, v in literals.items())))
         if key not in cache:
             members = set(stage.nodes)
@@ -553,7 +553,6 @@ class Graph:
         batched = {i["name"]: bool(i["shape"]) and isinstance(i["shape"][0], str) for i in self.inputs}
         batch = min((x.shape[0] for k, x in calls.items() if batched[k]), default=1)
         slices = 1 if not any(batched.values()) else min(slices, batch)
-        plan_key = tuple(s.nodes[0] for s in plan)
         parts = []
         for b in range(slices):
             lo, hi = b * batch // slices, (b + 1) * batch // slices
@@ -567,7 +566,7 @@ class Graph:
                     else:
                         names.append(r)
                         xs.append(x)
-                program, static = self._stage_program_of(stage, names, [Aval.of(x) for x in xs], literals, plan_key)
+                program, static = self._stage_program_of(stage, names, [Aval.of(x) for x in xs], literals)
                 if program is None:
                     return None
                 values.update(zip(stage.outputs, prog.call(program, *xs)))
