@@ -339,7 +339,7 @@ def main(argv=None) -> int:
               "LM": f"LM training round, GPT d_model {args.d_model}, {args.layers} layers, seq {args.seq}, batch "
                     f"{args.batch}, {args.micro_batches} micro-batches (AdamW)",
               "LM in stages": f"LM training round, same model and batch, stage_memory = 1/{args.stages} of the "
-                              "parameters (a pipeline of stage tasks per micro-batch)",
+                              "parameters (pipelines of stage tasks, micro-batches grouped per volunteer thread)",
               "forward": f"captured GPT forward, same model, batch {args.forward_batch}",
               "forward in stages": f"captured GPT forward, same model and batch, cut into {args.stages} stages "
                                    "(a pipeline of stage tasks)",

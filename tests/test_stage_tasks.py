@@ -248,8 +248,8 @@ def test_a_cancelled_gradient_beside_an_integer_counter_is_compared_at_its_own_r
 
 def test_a_joint_graph_is_cut_on_its_forward_and_each_backward_stage_recomputes_its_forward():
     """A training pass cut into stages: the forward's stages, then one backward stage per forward stage, last
-    first, each recomputing its forward from the stage's inputs.  So what crosses a cut is the residual stream,
-    its gradient and a few parameter-sized values, never the activations a backward reads (an MLP's hidden
+    first, each recomputing its forward from the stage's inputs.  So what crosses a cut is the residual stream
+    and its gradient, never the activations a backward reads (an MLP's hidden
     layer, 4x the residual), which a cut of the joint graph in node order sends through the lab."""
     from goblin_dask.torch_capture.graph import _LazyConstant, _value_bytes
     from goblin_dask.training.joint import trace
@@ -270,6 +270,11 @@ def test_a_joint_graph_is_cut_on_its_forward_and_each_backward_stage_recomputes_
 
     plan = g.stage_plan(env, 60_000)  # a decoder block's parameters (about 50 kB) fit one stage
     assert len(plan) >= 4 and crossing(plan) <= max(residual, largest), crossing(plan)
+    # a stage receives at most its forward's input and the gradient of its output: views and transposes of a
+    # gradient, and values made from the parameters alone, are made again where they are read, not sent
+    for stage in plan:
+        received = sum(_value_bytes(node[r], {}) for r in stage.inputs if r in node and r not in g._folded())
+        assert received <= 2 * residual, (stage.nodes[:3], received)
     # each backward stage repeats a forward stage's nodes: recomputed, not received
     names = [set(st.nodes) for st in plan]
     assert any(names[i] < names[j] for i in range(len(plan)) for j in range(i + 1, len(plan)))
@@ -467,27 +472,45 @@ def _parameter_numbers_in(dsk, at_least):
 
 
 def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_grid):
-    """A Trainer whose ``stage_memory`` cuts the model into several stages: each micro-batch's joint forward and
-    backward runs as a pipeline of stage tasks (every volunteer task a ``program``, none op by op), the
-    activations the backward reads crossing through the lab, verified; torch's losses and parameters."""
-    from goblin_dask.training import Trainer
+    """A Trainer whose ``stage_memory`` cuts the model into several stages: the joint forward and backward runs
+    as pipelines of stage tasks (every volunteer task a ``program``, none op by op), the activations the
+    backward reads crossing through the lab, verified; torch's losses and parameters.  4 micro-batches on 2
+    volunteer threads: 2 pipelines side by side, each stage task running its 2 micro-batches in turn and
+    returning one gradient, their weighted sum (with 1 micro-batch per group, one pipeline each).  The
+    parameters and optimizer state stay on the lab worker between rounds: the second round's graph carries
+    none of their numbers, and the researcher's process takes them only at ``state_dict``."""
+    from goblin_dask.array.sources import lab_value
+    from goblin_dask.training import Trainer, optim
 
     torch.manual_seed(3)
     model = gpt(64, 32, 4, 16, 2).train()
     ref = copy.deepcopy(model)
-    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=2,
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
                       client=stage_grid.client, stage_memory=80_000)
     assert len(trainer.plan.stages) > 1
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     before = stage_grid.report()
     for r in range(2):
         x, y = _batch(rows=8, seed=60 + r)
-        dsk, _ = trainer.round_graph(x, y)
+        dsk, key = trainer.round_graph(x, y)
         on_volunteers = [v for v in dsk.values() if isinstance(v, CatalogTask) and v.placement == "volunteer"]
         assert on_volunteers and all(v.op.name == "program" for v in on_volunteers)
         depth = _program_depth(dsk)
-        assert 2 <= depth <= len(on_volunteers) // 2  # the micro-batches' pipelines side by side
-        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 2), rel=1e-4)
+        assert 3 <= depth <= len(on_volunteers) // 2  # 2 groups' pipelines side by side
+        if not r:  # a group of one micro-batch each (no task may hold more of the batch): twice the stage tasks
+            with dask.config.set({"goblin.minimization.max-share": 0.25, "goblin.minimization.small-array": 16}):
+                single, _ = trainer.round_graph(x, y)
+            assert sum(isinstance(v, CatalogTask) and v.op.name == "program" for v in single.values()) \
+                == 2 * len(on_volunteers)
+        assert dsk[key].func is optim.lab_round
+        if r:  # the first round's step left the model and the momentum on the lab worker: read there
+            batch = {x.shape, x[:2].shape}  # the batch and its micro-batches ride in the graph, nothing else
+            assert set(_parameter_numbers_in(dsk, 2)) <= batch
+            assert all(tuple(p.shape) not in batch for p in model.parameters())
+            blocks = [t for t in dsk.values() if getattr(t, "func", None) is lab_value]
+            assert len(blocks) >= len(trainer.param_names)
+        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
+        assert trainer._host_round < trainer.rounds  # the new parameters did not come to this process
     state = trainer.state_dict()
     for k, v in ref.state_dict().items():
         if v.dtype.is_floating_point:

@@ -380,24 +380,58 @@ class Graph:
         stage, last first, each the nodes of its forward stage (recomputed there: only the stage's inputs and the
         gradient reaching its outputs cross, never the activations its backward reads) and the gradient nodes
         that read them.  A gradient node goes to the latest forward stage whose values it reads, and no later
-        than the gradients it reads (the backward runs from the last stage to the first).  None where a
-        backward stage's own arrays would exceed ``budget``."""
+        than the gradients it reads (the backward runs from the last stage to the first); one that reads no
+        forward value, no earlier than the gradients that read it.  A node made from
+        the model's own arrays alone (a weight transposed for the backward's products) is made again in each
+        stage that reads it, never sent from one to the next; so is a view of a gradient (its source crosses
+        instead, the same bytes, or none more where the source crosses anyway).  None where a backward stage's own arrays would
+        exceed ``budget``."""
         stage_of = {n["name"]: k for k, group in enumerate(forward) for n in group}
         last = len(forward) - 1
+        by_name = {n["name"]: n for n in nodes}
+        free: set[str] = set()  # backward nodes that read only the model's arrays (or other such nodes)
         backward_of: dict[str, int] = {}
         for n in nodes:
             if n["name"] in stage_of:
                 continue
             reads = _reads(n)
+            if all(r in own[n["name"]] or r in free for r in reads):
+                free.add(n["name"])
+                continue
             k = max((stage_of[r] for r in reads if r in stage_of), default=last)
             k = min([k, *(backward_of[r] for r in reads if r in backward_of)])
             backward_of[n["name"]] = k
+        # a gradient node that reads no forward value (a view or transpose of a gradient, a sum of two) goes down
+        # to the stage of its readers: made where it is read, it crosses no cut (last node first: its readers
+        # are placed by then)
+        readers: dict[str, list[str]] = {}
+        for n in nodes:
+            for r in _reads(n):
+                readers.setdefault(r, []).append(n["name"])
+        for n in reversed(nodes):
+            name = n["name"]
+            if name in backward_of and not any(r in stage_of for r in _reads(n)):
+                later = [backward_of[c] for c in readers.get(name, ()) if c in backward_of]
+                if later:
+                    backward_of[name] = min(backward_of[name], max(later))
+        unread = free & set(_refs(list(self.outputs)))  # outputs of free nodes: made by the first backward stage
         stages = []
         for k in range(last, -1, -1):
             grads = [n for n in nodes if backward_of.get(n["name"]) == k]
             if not grads:
                 continue
-            group = list(forward[k]) + grads
+            def copied(r: str) -> bool:  # made again here: a free node, or a view of a gradient another stage made
+                return r in free or (backward_of.get(r, k) != k and by_name[r]["op"] in _VIEWS)
+
+            needed, stack = set(), [r for n in grads for r in _reads(n) if copied(r)]
+            if not stages:
+                stack += unread
+            while stack:
+                r = stack.pop()
+                if r not in needed:
+                    needed.add(r)
+                    stack += [q for q in _reads(by_name[r]) if copied(q)]
+            group = list(forward[k]) + [n for n in nodes if backward_of.get(n["name"]) == k or n["name"] in needed]
             held = set().union(*(own[n["name"]] for n in group))
             if sum(sizes[r] for r in held) > budget:
                 return None
@@ -578,6 +612,114 @@ class Graph:
             return parts[0]
         return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
 
+    def pipelined_sum(self, calls: Sequence[Sequence[Any]], weights: Sequence[float],
+                      summed: Sequence[int]) -> tuple[list[tuple], list[Any]] | None:
+        """Several calls (a Trainer's consecutive micro-batches) as one pipeline of stage tasks, each task running
+        its stage for every call in turn: the outputs at ``summed`` (a joint graph's gradients) come back once,
+        ``sum_i weights[i] * output_i`` in the output's dtype in call order (as the lab's step sums them, and torch
+        accumulates them), the others per call.  A stage's parameters are fetched once for all the calls, a
+        gradient crosses once, and the lab handles one task per stage instead of one per call and stage.
+
+        Returns ``(per call: its outputs, the summed ones None; the summed outputs)``, or None where the calls
+        do not run as one multi-stage pipeline (one stage, op by op, a random operator, a summed output another
+        stage reads).  A call input that is the same array in every call (a parameter) is read once per stage task;
+        the others (the batch) per call."""
+        import goblin_dask.array as ga
+        from goblin_dask.array import program as prog
+        from goblin_dask.ops.spec import Aval
+
+        envs = [self._inputs(args) for args in calls]
+        if not stage_slices(self, envs[0], 1, whole=False) or self._draws_random():
+            return None
+        plan = self.stage_plan(envs[0], stage_budget())
+        if plan is None or len(plan) < 2:
+            return None
+        sums = {k: self.outputs[k]["ref"] for k in summed
+                if isinstance(self.outputs[k], dict) and "ref" in self.outputs[k]}
+        if len(sums) != len(summed) or len(set(sums.values())) != len(sums):
+            return None
+        made = {o for stage in plan for o in stage.outputs}
+        if not set(sums.values()) <= made or any(r in stage.inputs for stage in plan for r in sums.values()):
+            return None
+        values: list[dict[str, Any]] = []
+        for env in envs:
+            values.append({k: x.array() if isinstance(x, _LazyConstant) else x for k, x in env.items()})
+        shared = {k: x for k, x in values[0].items() if all(v[k] is x for v in values)}
+        total: dict[str, Any] = {}
+        for stage in plan:
+            common = [r for r in stage.inputs if r in shared or (r not in values[0] and r not in total)]
+            own = [r for r in stage.inputs if r not in common]
+            xs = [shared[r] if r in shared else self._constant(r) for r in common]
+            literals = []
+            for v in values:
+                literals.append({r: v[r] for r in own if not isinstance(v[r], ga.Array)})
+                xs += [v[r] for r in own if isinstance(v[r], ga.Array)]
+            program, static = self._group_stage_program(stage, common, own, [Aval.of(x) for x in xs], literals,
+                                                        [float(w) for w in weights], tuple(sorted(sums.values())))
+            if program is None:
+                return None
+            out = prog.call(program, *xs)
+            kept = [o for o in stage.outputs if o not in sums.values() and o not in static[0]]
+            for i, v in enumerate(values):
+                v.update(zip(kept, out[i * len(kept):(i + 1) * len(kept)]))
+                v.update(static[i])
+            total.update(zip([o for o in stage.outputs if o in sums.values()], out[len(values) * len(kept):]))
+        lab = {k: _LazyConstant(self, k) for k in self.constant_specs}
+        lab.update({k: _LazyConstant(self, k) for k in self._folded()})
+        per_call = []
+        for v in values:
+            per_call.append(tuple(None if k in sums else _resolve(_decode(o, {**lab, **v}))
+                                  for k, o in enumerate(self.outputs)))
+        return per_call, [total[sums[k]] for k in summed]
+
+    def _group_stage_program(self, stage: Stage, common: Sequence[str], own: Sequence[str], avals: Sequence[Any],
+                             literals: Sequence[Mapping[str, Any]], weights: Sequence[float],
+                             sums: Sequence[str]) -> tuple[Any, list[dict]]:
+        """:meth:`pipelined_sum`'s program of one stage: it reads the ``common`` arrays once, then each call's
+        ``own`` arrays (those not bound in its ``literals``), and returns each call's outputs but ``sums``, then
+        the weighted sums.  ``(program or None, per call {output: value} of its outputs that are no arrays)``,
+        cached per shapes, literals and weights."""
+        from goblin_dask.array import program as prog
+
+        cache = self.__dict__.setdefault("_programs", {})
+        key = ("group", stage.nodes, tuple((tuple(a.shape), str(a.dtype)) for a in avals),
+               tuple(tuple(sorted((k, repr(v)) for k, v in lit.items())) for lit in literals), tuple(weights),
+               tuple(sums))
+        if key not in cache:
+            members = set(stage.nodes)
+            nodes = [n for n in self.nodes if n["name"] in members]
+            static: list[dict] = [{} for _ in literals]
+
+            def fn(*arrays):
+                import goblin_dask.array as ga
+                from goblin_dask.array.linalg import one_reading_of_the_workers
+                from goblin_dask.torch_capture import aten
+
+                at, outs, total = len(common), [], {}
+                for i, (lit, w) in enumerate(zip(literals, weights)):
+                    mine = [r for r in own if r not in lit]
+                    env = {**lit, **dict(zip(common, arrays)), **dict(zip(mine, arrays[at:at + len(mine)]))}
+                    at += len(mine)
+                    with one_reading_of_the_workers():
+                        for n in nodes:
+                            env[n["name"]] = _whole(_run_node(n, env, ga, aten))
+                    for o in stage.outputs:
+                        if o in sums:
+                            term = ga.multiply(env[o], env[o].dtype.type(w))
+                            total[o] = term if o not in total else ga.add(total[o], term)
+                        elif isinstance(env[o], ga.Array):
+                            outs.append(env[o])
+                        else:
+                            static[i][o] = env[o]
+                return [*outs, *(total[o] for o in stage.outputs if o in sums)]
+
+            try:
+                cache[key] = (prog.trace(fn, avals), static)
+            except (prog.ProgramUnavailable, NotImplementedError, TypeError) as e:
+                logger.info("the captured graph's calls run one pipeline each, not together: %s", e)
+                cache[key] = (None, static)
+        return cache[key]
+
     # -- the form with no pickle ---------------------------------------------------------------
 
     def to_dict(self) -> dict:
@@ -626,6 +768,12 @@ class Graph:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{i['dtype']}{list(i['shape'])}" for i in self.inputs)
         return f"<goblin_dask.Graph ({shapes}) -> {len(self.outputs)} output(s), {len(self.nodes)} nodes>"
+
+
+#: ops whose result is their input's elements rearranged: a backward stage makes its own copy rather than read another's
+_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
+                    "aten.t.default", "aten.transpose.int", "aten.expand.default", "aten.unsqueeze.default",
+                    "aten.squeeze.dim", "aten.squeeze.dims"})
 
 
 def _reads(node: dict) -> list[str]:

@@ -14,13 +14,19 @@ checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin
   pass (:meth:`Graph.stage_plan <goblin_dask.torch_capture.graph.Graph.stage_plan>`), runs as consecutive
   stage tasks whose parameters each fit: the forward's, then one backward stage per forward stage that
   recomputes that forward (only the residual stream and its gradient cross a cut), each verified before
-  the next reads it; the optimizer step is op by op's.
+  the next reads it; consecutive micro-batches share a pipeline, each stage task running them in turn and
+  returning one gradient (:meth:`Graph.pipelined_sum <goblin_dask.torch_capture.graph.Graph.pipelined_sum>`);
+  the optimizer step is :func:`optim.lab_round` on the lab worker.
 * **Op by op** otherwise (no volunteers, an operator whose parameters alone exceed a stage, random
   operators): the joint graph built with ``ga`` calls, its products on volunteers (Freivalds-checked) and
   the rest placed and checked like any ga computation (:func:`optim.lab_round`).
 * **Local steps** (``inner_steps > 1``, DiLoCo): each worker's several optimizer steps are one stage task
   returning a pseudo-gradient; the lab steps an outer optimizer with their average
   (:func:`optim.lab_outer_round_packed`).  See :class:`Trainer`.
+
+Whichever way a round runs, its new parameters, buffers and optimizer state stay on the lab worker and the
+next round's graph reads them there; this process takes them only for a checkpoint, :meth:`Trainer.state_dict`
+or the end of :meth:`Trainer.fit`.
 
 The lab's copies (this process's and the lab worker's) are the reference; they enter each round's graph
 as lab arrays of kind ``"parameters"`` (not capped by ``goblin.minimization.max-share``: see
@@ -223,7 +229,6 @@ class Trainer:
         self._resident: Any = None
         #: the round the arrays in this process are of (behind ``rounds`` while the lab worker holds newer ones)
         self._host_round = 0
-        self._keeps_state = False
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every or 0)
         if self.checkpoint_every and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint_dir (e.g. the lab node's state dir)")
@@ -335,10 +340,6 @@ class Trainer:
                 "it needs goblin.stage.tasks on, volunteers connected, the model within goblin.stage.memory-fraction "
                 "of a volunteer thread's memory (one stage), no random operator (dropout), and the parameters not "
                 "capped by goblin.minimization.parameters-max-share.  Use inner_steps=1 (synchronous training)")
-        if self._resident is not None and staged != "packed":
-            self._sync_host()  # this round runs op by op, from this process's copies
-            params, bufs = self._model_arrays(tok)
-        self._keeps_state = staged == "packed"
         bufs0 = bufs
         if staged:  # the batch goes to the lab worker once; each micro-batch's stage task reads its slice of it
             xa, ya = ga.from_array(x), ga.from_array(y)
@@ -359,7 +360,10 @@ class Trainer:
             bufs = [_cut(stage, w) if w[0] == "packed" else
                     (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
                     for w in where[len(group) + P:]]
-        for i, idx in enumerate(parts if staged != "packed" else ()):
+        pipelined = None if staged else self._pipelined_groups(x, y, parts, weights, params, bufs)
+        if pipelined is not None:
+            losses, grads, loss_weights = pipelined
+        for i, idx in enumerate(parts if staged != "packed" and pipelined is None else ()):
             lo, hi = idx[0], idx[-1] + 1
             xi, yi = x[lo:hi], y[lo:hi]
             graph = self._graph_for(xi, yi)
@@ -395,16 +399,51 @@ class Trainer:
                                  TaskRef(state_key), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
                                  layouts, List(*(refs(b) for b in bufs0)), forms)
         else:
+            grad_weights = list(weights) if pipelined is None else [1.0] * len(grads)  # (groups' sums: weighted)
             dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
-                                 TaskRef(state_key), list(weights), List(*(refs(l) for l in losses)),
-                                 List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)))
+                                 TaskRef(state_key), grad_weights, List(*(refs(l) for l in losses)),
+                                 List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)),
+                                 list(weights) if pipelined is not None else None)
         return dsk, step_key
 
-    def _stage_groups(self, x: np.ndarray, y: np.ndarray, parts: list) -> list[list[int]]:
+    def _pipelined_groups(self, x: np.ndarray, y: np.ndarray, parts: list, weights: list, params: list,
+                          bufs: list) -> tuple[list, list, list] | None:
+        """A round of a model larger than one stage: the micro-batches in groups (:meth:`_stage_groups`), each group
+        one pipeline of stage tasks that run the group's micro-batches in turn and return one gradient, their
+        weighted sum (:meth:`Graph.pipelined_sum`).  ``(losses per micro-batch, [gradients] per group, the
+        losses' weights)``, or None: a pipeline per micro-batch (a pass that writes its buffers, as BatchNorm's
+        running statistics, each micro-batch reading the last one's; micro-batches of different shapes in a
+        group; a pass that is no multi-stage pipeline)."""
+        import goblin_dask.array as ga
+
+        P = len(params)
+        losses, grads, checked = [], [], False
+        for group in self._stage_groups(x, y, parts, chained=False):
+            rows = [parts[i] for i in group]
+            shapes = {(len(idx),) for idx in rows}
+            if len(shapes) != 1:
+                return None
+            graph = self._graph_for(x[rows[0][0]:rows[0][-1] + 1], y[rows[0][0]:rows[0][-1] + 1])
+            if not checked:  # buffers the pass leaves as they came: no micro-batch reads another's
+                names = [i["name"] for i in graph.inputs]
+                if any(graph.outputs[1 + P + j] != {"ref": names[P + j]} for j in range(len(bufs))):
+                    return None
+                checked = True
+            calls = [(*params, *bufs, x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]) for idx in rows]
+            out = graph.pipelined_sum(calls, [weights[i] for i in group], range(1, 1 + P))
+            if out is None:
+                return None
+            per_call, summed = out
+            losses += [o[0] if isinstance(o[0], ga.Array) else ga.from_array(np.asarray(o[0])) for o in per_call]
+            grads.append(summed)
+        return losses, grads, list(weights)
+
+    def _stage_groups(self, x: np.ndarray, y: np.ndarray, parts: list, chained: bool | None = None) -> list[list[int]]:
         """The micro-batches each stage task runs, consecutive ones together: as few tasks as keep every
         volunteer thread busy (one, where each micro-batch reads the buffers the one before it wrote: they run
-        in turn anyway), and as many as ``goblin.minimization.max-share`` needs, no task holding more of the
-        batch than its share.  A task returns one gradient, its micro-batches' sum, whatever their number."""
+        in turn anyway; ``chained`` None: found from the pass's program), and as many as
+        ``goblin.minimization.max-share`` needs, no task holding more of the batch than its share.  A task
+        returns one gradient, its micro-batches' sum, whatever their number."""
         from goblin_dask.array.sources import share_cap
         from goblin_dask.torch_capture.graph import volunteer_threads
 
@@ -414,10 +453,11 @@ class Trainer:
             cap = share_cap(int(a.size))
             if cap:
                 need = max(need, math.ceil(a.size / cap))
-        lo, hi = parts[0][0], parts[0][-1] + 1
-        program = self._micro_program(x[lo:hi], y[lo:hi])
-        p = len(self.param_names)
-        chained = any(kind != "input" for kind, _ in program.results[1 + p:])  # buffers the pass writes
+        if chained is None:
+            lo, hi = parts[0][0], parts[0][-1] + 1
+            program = self._micro_program(x[lo:hi], y[lo:hi])
+            p = len(self.param_names)
+            chained = any(kind != "input" for kind, _ in program.results[1 + p:])  # buffers the pass writes
         tasks = min(m, max(need, 1 if chained else volunteer_threads()))
         return [list(g) for g in np.array_split(np.arange(m), tasks)]
 
@@ -611,21 +651,15 @@ class Trainer:
         t0 = time.perf_counter()
         dsk, key = self.round_graph(x, y)
         client = self._client()
-        if self._keeps_state:  # the lab worker keeps the round's result; only the loss comes here
-            loss_key = key.replace("train-step-", "train-loss-", 1)
-            dsk[loss_key] = Task(loss_key, optim.field, TaskRef(key), "loss")
-            result, loss = client.get(dsk, [key, loss_key], sync=False)
-            loss = float(loss.result())
-            self._resident = result
-        else:
-            out = client.get(dsk, key)
-            self._resident = None
-            self._take(out)
-            loss = out["loss"]
+        # the lab worker keeps the round's result (parameters, buffers, optimizer state) for the next round's
+        # graph, whichever way the round ran; only the loss comes here
+        loss_key = key.replace("train-step-", "train-loss-", 1)
+        dsk[loss_key] = Task(loss_key, optim.field, TaskRef(key), "loss")
+        result, loss = client.get(dsk, [key, loss_key], sync=False)
+        loss = float(loss.result())
+        self._resident = result
         seconds = time.perf_counter() - t0
         self.rounds += 1
-        if not self._keeps_state:
-            self._host_round = self.rounds
         self.history.append({"round": self.rounds, "loss": loss, "seconds": seconds,
                              "verification": _delta(before, self._report())})
         _post_round(self)  # the lab's page shows the run (numbers only)
