@@ -317,6 +317,35 @@ def test_goblin_node_names_the_port_in_use(tmp_path, which):
     assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "node.json").exists()
 
 
+def test_goblin_node_no_dashboard_listens_on_its_scheduler_port_only(tmp_path):
+    """`goblin node --no-dashboard` serves no HTTP at all: distributed's scheduler would still listen on the
+    dashboard port (or 8787) for /health and /metrics."""
+    import psutil
+
+    with socket.socket() as probe:  # a port free now, given as the dashboard port that must stay closed
+        probe.bind(("127.0.0.1", 0))
+        dashboard_port = probe.getsockname()[1]
+    state = tmp_path / "state"
+    node = subprocess.Popen([sys.executable, "-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0",
+                             "--dashboard-port", str(dashboard_port), "--no-dashboard", "--no-lab-worker",
+                             "--state-dir", str(state)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (state / "node.json").exists() or node.poll() is not None, "the node to start", 120)
+        assert node.poll() is None, node.returncode
+        info = json.loads((state / "node.json").read_text())
+        assert info["dashboard_link"] is None, info
+        scheduler_port = int(info["address"].rsplit(":", 1)[1])
+        listening = {c.laddr.port for c in psutil.Process(node.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {scheduler_port}, (listening, scheduler_port)
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", dashboard_port))
+    finally:
+        node.terminate()
+        node.wait(60)
+
+
 # -- 4. small ones ---------------------------------------------------------------------------------------
 
 
