@@ -509,6 +509,11 @@ def _cumsum(ga, x, dim, dtype=None):
     return ga.cumsum(x, axis=dim % x.ndim, dtype=dtype)
 
 
+@row("aten.cumprod.default", needs="cumprod")
+def _cumprod(ga, x, dim, dtype=None):
+    return ga.cumprod(x, axis=dim % x.ndim, dtype=dtype)
+
+
 @row("aten.logsumexp.default", needs="logsumexp")
 def _logsumexp(ga, x, dim, keepdim=False):
     axes = _axes(dim, x.ndim)
@@ -629,6 +634,40 @@ def _nanmedian_dim(ga, x, dim, keepdim=False):
     rank = ga.maximum(ga.floor_divide(ga.subtract(counted, 1), 2), 0)
     index = ga.gather(order, _index_dtype(ga, rank), axis)
     return values, index if keepdim else ga.squeeze(index, axis)
+
+
+# torch.quantile and torch.nanquantile: the catalog's quantile (a Replica op: it may run on volunteers), kept whole
+# at export (:data:`KEEP_WHOLE`; decomposed, it is a sort, which only the lab may run).  torch computes the ranks
+# q * (n - 1) in the input's dtype, so q goes to NumPy in it too; torch's interpolations are NumPy's methods of the
+# same names.  'lower', 'higher', 'nearest' and 'midpoint' give torch's values exactly; 'linear' (the default)
+# within one rounding of the slice's largest value (torch's lerp is a fused multiply-add, NumPy's two operations).
+
+TORCH_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile_row(skipna: bool) -> Callable:
+    name = "nanquantile" if skipna else "quantile"
+
+    def fn(ga, x, q, dim=None, keepdim=False, interpolation="linear"):
+        if interpolation not in TORCH_INTERPOLATIONS:
+            raise NotImplementedError(f"torch.{name}(interpolation={interpolation!r}): torch's are "
+                                      f"{', '.join(TORCH_INTERPOLATIONS)}")
+        if isinstance(q, ga.Array):
+            raise NotImplementedError(f"torch.{name} with q computed by the model: give q as a number or a "
+                                      "tensor the model holds (a buffer or a constant), so it is known at capture")
+        levels = np.asarray(q, dtype=x.dtype)  # torch's q: a tensor of the input's dtype, or a float made one
+        axis = None if dim is None else dim % max(x.ndim, 1)
+        return getattr(ga, name)(x, levels, axis=axis, keepdims=keepdim, method=interpolation)
+
+    return fn
+
+
+for _target, _skipna in (("aten.quantile.scalar", False), ("aten.quantile.default", False),
+                         ("aten.nanquantile.scalar", True), ("aten.nanquantile.default", True)):
+    row(_target, needs="nanquantile" if _skipna else "quantile", concrete=(1,))(_quantile_row(_skipna))
+
+#: Composite operators (torch decomposes them at export) whose rows map them whole, so export keeps them.
+KEEP_WHOLE = ("aten.quantile.scalar", "aten.quantile.default", "aten.nanquantile.scalar", "aten.nanquantile.default")
 
 
 # -- nn (ga.softmax, ga.layer_norm ... once array/nn.py is there) --------------------------------
