@@ -302,6 +302,22 @@ def test_a_captured_model_of_quantiles_matches_torch_without_a_sort(dtype, whole
                 same_quantiles(gv, wv, x, interpolation)
 
 
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_src_is_torchs_for_the_indices_order_statistics_write(dim):
+    """The backward of sort/topk/median/kthvalue: ``x.scatter(dim, index, src)`` with distinct indices per slice,
+    as many as the axis holds (sort) or fewer (topk, median)."""
+    rng = np.random.default_rng(dim + 5)
+    x = rng.standard_normal((4, 5, 6))
+    n = x.shape[dim]
+    for m in (n, 2, 1):
+        index = np.argsort(rng.random(x.shape), axis=dim, kind="stable").take(np.arange(m), axis=dim)
+        src = rng.standard_normal(index.shape)
+        want = torch.from_numpy(x).scatter(dim, torch.from_numpy(index), torch.from_numpy(src))
+        got = TABLE["aten.scatter.src"].fn(ga, ga.from_array(x, chunks=(2, 3, 4)), dim, ga.from_array(index),
+                                           ga.from_array(src)).compute(scheduler="sync")
+        np.testing.assert_array_equal(got, want.numpy())
+
+
 # -- captured models: the export path (which overloads torch writes, its argument forms) -------------------------
 
 class Orders(nn.Module):
