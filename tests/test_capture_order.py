@@ -312,10 +312,16 @@ def test_scatter_src_is_torchs_for_the_indices_order_statistics_write(dim):
     for m in (n, 2, 1):
         index = np.argsort(rng.random(x.shape), axis=dim, kind="stable").take(np.arange(m), axis=dim)
         src = rng.standard_normal(index.shape)
+        src.reshape(-1)[::7] = -0.0
         want = torch.from_numpy(x).scatter(dim, torch.from_numpy(index), torch.from_numpy(src))
         got = TABLE["aten.scatter.src"].fn(ga, ga.from_array(x, chunks=(2, 3, 4)), dim, ga.from_array(index),
                                            ga.from_array(src)).compute(scheduler="sync")
-        np.testing.assert_array_equal(got, want.numpy())
+        np.testing.assert_array_equal(bits(got), bits(want.numpy()))  # -0.0 written stays -0.0
+    twice = np.zeros((2, 3), np.int64)  # every index 0: torch writes one of the values there, unspecified which
+    src = np.array([[-0.0, 5.0, 1.0], [2.0, np.nan, 3.0]])
+    got = TABLE["aten.scatter.src"].fn(ga, ga.from_array(np.ones((2, 3))), 1, ga.from_array(twice),
+                                       ga.from_array(src)).compute(scheduler="sync")
+    assert got[0, 0] in src[0] and np.isnan(got[1, 0]) and np.array_equal(got[:, 1:], np.ones((2, 2)))
 
 
 # -- captured models: the export path (which overloads torch writes, its argument forms) -------------------------

@@ -787,11 +787,12 @@ def _scatter_value(ga, x, dim, index, value):
     return ga.where(ga.equal(iota, index), np.asarray(value, dtype=x.dtype)[()], x)
 
 
-@row("aten.scatter.src", needs=("arange", "reshape", "equal", "where", "sum", "any"))
+@row("aten.scatter.src", needs=("arange", "reshape", "equal", "where", "max", "any"))
 def _scatter_src(ga, x, dim, index, src):
     """``x`` with ``src`` written at ``index`` along ``dim``: the backward of sort, topk, kthvalue and median (their
     indices, distinct in each slice).  Each slice's m indices against the n positions (an m x n comparison per
-    slice): position j takes the ``src`` value whose index is j, or keeps ``x``'s."""
+    slice): position j takes the ``src`` value whose index is j, or keeps ``x``'s; where several name j (torch
+    then picks one of them, unspecified which), the largest of them."""
     dim %= max(x.ndim, 1)
     if x.ndim == 0 or index.ndim != x.ndim or tuple(src.shape) != tuple(index.shape) or any(
             index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
@@ -804,7 +805,9 @@ def _scatter_src(ga, x, dim, index, src):
     after = lambda shape: tuple(shape[:dim + 1]) + (1,) + tuple(shape[dim + 1:])  # noqa: E731  a new axis after dim
     iota = ga.reshape(ga.arange(n, dtype=index.dtype), (1,) * (dim + 1) + (n,) + (1,) * (x.ndim - dim - 1))
     hit = ga.equal(ga.reshape(index, after(index.shape)), iota)  # (..., m, n, ...): index i lands on position j
-    written = ga.sum(ga.where(hit, ga.reshape(src, after(src.shape)), np.zeros((), dtype=src.dtype)), axis=dim)
+    dt = np.dtype(src.dtype)
+    lowest = -np.inf if dt.kind == "f" else np.iinfo(dt).min if dt.kind in "iu" else False
+    written = ga.max(ga.where(hit, ga.reshape(src, after(src.shape)), np.asarray(lowest, dtype=dt)[()]), axis=dim)
     return ga.where(ga.any(hit, axis=dim), written, x)
 
 
