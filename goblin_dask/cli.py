@@ -29,7 +29,7 @@ def _state_dir_option(f):
 @click.option("--host", default="127.0.0.1", help="address to listen on")
 @click.option("--port", default=8786, type=int, help="scheduler port (0: any free port)")
 @click.option("--dashboard-port", default=8787, type=int, help="dashboard and HTTP port (0: any free port)")
-@click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
+@click.option("--no-dashboard", is_flag=True, help="serve no dashboard and no HTTP port at all")
 @click.option("--lab-worker/--no-lab-worker", default=True,
               help="also run the trusted lab worker, which holds the lab's data and checks results (default: on)")
 @click.option("--lab-threads", default=2, type=int, help="task threads of the lab worker")

@@ -434,30 +434,68 @@ class LabTLSConnector(TLSConnector):
 #: issuer and the signature fails to verify) or this lab refused the peer's (``CERTIFICATE_VERIFY_FAILED``).
 #: Either way the peer holds another lab's credential.
 OTHER_CA_REASONS = ("UNKNOWN_CA", "BAD_CERTIFICATE", "DECRYPT_ERROR", "CERTIFICATE_VERIFY_FAILED")
+#: OpenSSL's reasons for a first message that is no TLS at all: plain bytes (a tcp:// client), an HTTP request.
+NOT_TLS_REASONS = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL",
+                   "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE")
+_ANY_CLIENT = ("nothing to do unless a volunteer or researcher cannot connect: `goblin doctor ADDRESS --credential "
+               "FILE` says why")
+#: Each kind of failed TLS handshake a lab process logs: its level, and its line, which says what happened and
+#: what to do (``{address}``: the peer's; ``{reason}``: OpenSSL's).
+HANDSHAKE_FAILURES: dict[str, tuple[int, str]] = {
+    "other-lab": (logging.WARNING,
+                  "refused a TLS connection from {address}: its certificate is not signed by this lab's CA ({reason}): "
+                  "it holds another lab's credential, and needs one from this lab (`goblin enroll`, `goblin "
+                  "researchers issue`)"),
+    "not-tls": (logging.WARNING,
+                "refused a TLS connection from {address}: it does not speak TLS ({reason}): volunteers and researchers "
+                "reach this lab node at its tls:// address, never tcp:// (and a browser reaches the lab page on the "
+                "dashboard port)"),
+    "no-certificate": (logging.WARNING,
+                       "refused a TLS connection from {address}: it sent no certificate ({reason}): volunteers and "
+                       "researchers need a credential of this lab (`goblin enroll`, `goblin researchers issue`), given "
+                       "as `--token FILE` or `credential=PATH`"),
+    "timeout": (logging.INFO,
+                "a TLS handshake from {address} did not finish within goblin.link.handshake-timeout ({reason} s): a "
+                "slow or lost link, or a client that is not goblin's; " + _ANY_CLIENT),
+    "other": (logging.INFO,
+              "a TLS handshake from {address} failed ({reason}): the client closed it or lost its connection, or is "
+              "not a goblin client (a port scan, a load balancer's probe); " + _ANY_CLIENT),
+}
 
 
-class OtherLabHandshakes:
-    """Says on the node's log, as one WARNING line, that a TLS handshake was refused over another lab's
-    certificate, with the peer's address; at most one line per ``goblin.link.other-lab-log-interval`` seconds,
-    the next one counting those held back, so that an agent retrying (or a flood) cannot fill the log.
-    Without it the node says nothing: tornado's own "SSL Error" line is silenced by distributed's logging
-    config."""
+def handshake_failure(error: BaseException | None) -> str:
+    """The kind (a key of :data:`HANDSHAKE_FAILURES`) of a failed TLS handshake's ``error``."""
+    if isinstance(error, asyncio.TimeoutError):
+        return "timeout"
+    reason = str(getattr(error, "reason", None) or error or "").upper()
+    if isinstance(error, SSLError):
+        if any(r in reason for r in OTHER_CA_REASONS):
+            return "other-lab"
+        if "PEER_DID_NOT_RETURN_A_CERTIFICATE" in reason:
+            return "no-certificate"
+        if any(r in reason for r in NOT_TLS_REASONS):
+            return "not-tls"
+    return "other"
+
+
+class HandshakeLog:
+    """Says on the lab process's log, as one line, that a TLS handshake of one kind failed (see
+    :data:`HANDSHAKE_FAILURES`), with the peer's address; at most one line per
+    ``goblin.link.handshake-log-interval`` seconds, the next one counting those held back, so that an agent
+    retrying (or a flood) cannot fill the log.  Without it the node says nothing about most of them:
+    tornado's own "SSL Error" line is silenced by distributed's logging config."""
 
     MAX_ADDRESSES = 1024
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, kind: str, clock: Callable[[], float] = time.monotonic):
+        self.level, self.line = HANDSHAKE_FAILURES[kind]
         self.clock = clock
         self.last: float | None = None
         self.held, self.held_from = 0, set()
 
-    @staticmethod
-    def is_other_ca(error: BaseException | None) -> bool:
-        reason = str(getattr(error, "reason", None) or error or "").upper()
-        return isinstance(error, SSLError) and any(r in reason for r in OTHER_CA_REASONS)
-
-    def refused(self, address: str, error: BaseException) -> None:
+    def failed(self, address: str, reason: object) -> None:
         now = self.clock()
-        if self.last is not None and now - self.last < float(settings.get("goblin.link.other-lab-log-interval")):
+        if self.last is not None and now - self.last < float(settings.get("goblin.link.handshake-log-interval")):
             self.held += 1
             if len(self.held_from) < self.MAX_ADDRESSES:  # a count, so a flood from many addresses stays small
                 self.held_from.add(parse_host_port(parse_address(address)[1])[0])
@@ -465,13 +503,19 @@ class OtherLabHandshakes:
         many = "+" if len(self.held_from) >= self.MAX_ADDRESSES else ""
         held = (f" ({self.held} more since the last such line, from {len(self.held_from)}{many} address(es))"
                 if self.held else "")
-        logger.warning("refused a TLS connection from %s: its certificate is not signed by this lab's CA (%s): it "
-                       "holds another lab's credential, and needs one from this lab (`goblin enroll`, `goblin "
-                       "researchers issue`)%s", address, getattr(error, "reason", None) or error, held)
+        logger.log(self.level, "%s%s", self.line.format(address=address, reason=reason), held)
         self.last, self.held, self.held_from = now, 0, set()
 
 
-OTHER_LAB_HANDSHAKES = OtherLabHandshakes()
+HANDSHAKE_LOGS = {kind: HandshakeLog(kind) for kind in HANDSHAKE_FAILURES}
+
+
+def log_handshake_failure(address: str, error: BaseException) -> None:
+    """One failed TLS handshake with ``address`` on the log, as its kind's :class:`HandshakeLog` allows."""
+    kind = handshake_failure(error)
+    reason = (settings.get("goblin.link.handshake-timeout") if kind == "timeout"
+              else getattr(error, "reason", None) or str(error) or type(error).__name__)
+    HANDSHAKE_LOGS[kind].failed(address, reason)
 
 
 class LabTLSListener(TLSListener):
@@ -486,11 +530,7 @@ class LabTLSListener(TLSListener):
         try:
             await asyncio.wait_for(stream.wait_for_handshake(), float(settings.get("goblin.link.handshake-timeout")))
         except (OSError, asyncio.TimeoutError) as e:
-            real = getattr(e, "real_error", None) or e
-            if OtherLabHandshakes.is_other_ca(real):
-                OTHER_LAB_HANDSHAKES.refused(address, real)
-            else:
-                logger.info("TLS handshake with %s failed: %s", address, str(real) or "timeout")
+            log_handshake_failure(address, getattr(e, "real_error", None) or e)
             stream.close()
             return None
         finally:

@@ -204,6 +204,33 @@ def test_take_pad_cumsum_with_a_buffer_index():
     same(run(g, x), reference(model, x))
 
 
+class Products(nn.Module):
+    """torch.cumprod along a row, of floats and of integers (torch's int32 cumprod is int64)."""
+
+    def forward(self, x):
+        counts = (x.abs() * 2).to(torch.int32) + 1
+        return x.cumprod(1), torch.cumprod(x, -1, dtype=torch.float64), counts.cumprod(1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cumprod_is_torchs(dtype):
+    from goblin_dask.torch_capture.aten import TABLE
+
+    model = Products().eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(data(5, 4).astype(dtype)),))
+    assert "cumprod" in g.ops
+    for batch in (5, 8):
+        x = (1 + data(batch, 4, seed=batch) / 4).astype(dtype)  # products that neither vanish nor blow up
+        got, want = run(g, x), reference(model, x)
+        same(got, want)
+        np.testing.assert_array_equal(got[2], want[2])  # integers: exact
+        if dtype == np.float64:
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-14)
+        # along the batch axis: the row itself (as stage tasks, a captured pass is cut along the batch)
+        down = TABLE["aten.cumprod.default"].fn(ga, ga.from_array(x, chunks=(3, 2)), 0).compute(scheduler="sync")
+        np.testing.assert_allclose(down, torch.cumprod(torch.from_numpy(x), 0).numpy(), **TOL)
+
+
 def test_transformer_with_token_ids_and_gru():
     torch.manual_seed(0)
     lm = TinyLM().eval()

@@ -1,4 +1,5 @@
-"""Captured order statistics (torch.sort, argsort, topk, median, nanmedian, kthvalue) against torch itself.
+"""Captured order statistics (torch.sort, argsort, topk, median, nanmedian, kthvalue, quantile, nanquantile)
+against torch itself.
 
 What is promised, and so asserted: values are torch's exactly (NaN where torch has NaN); indices are the
 *stable* order (equal values in ascending index order, NaN largest), which is torch's own wherever torch
@@ -6,6 +7,7 @@ defines them: ``sort``/``argsort`` with ``stable=True``, a median over a slice h
 and any slice without ties.  Where torch leaves the tie order unspecified (a non-stable sort, ``topk``,
 ``median``, ``kthvalue``) the indices are still the stable order's and always point at the values given.
 torch's median is the lower of the two middle values (numpy's averages them): inputs of even length check it.
+torch's quantile with interpolation='linear' is within one rounding of torch's (its lerp is a fused multiply-add).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn  # noqa: E402
 
 import goblin_dask  # noqa: E402
 import goblin_dask.array as ga  # noqa: E402
+from goblin_dask.torch_capture import UnsupportedOperator  # noqa: E402
 from goblin_dask.torch_capture.aten import TABLE  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
@@ -202,6 +205,125 @@ def test_a_0d_tensor_orders_as_one_element():
         same_values(indices, want.indices)
 
 
+INTERPOLATIONS = ["linear", "lower", "higher", "midpoint", "nearest"]
+
+
+def same_quantiles(got, want, x, interpolation):
+    """torch's quantiles: shape, dtype, NaN and infinities exactly; the numbers exactly too, except 'linear' within
+    one rounding of ``x``'s largest finite magnitude (torch's lerp is a fused multiply-add, NumPy's two steps)."""
+    want = want.numpy()
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    if interpolation != "linear":
+        np.testing.assert_array_equal(got, want)
+        return
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isfinite(want)], want[~np.isfinite(want)])
+    finite = np.isfinite(want)
+    ulp = np.spacing(np.max(np.abs(x[np.isfinite(x)])))
+    assert np.all(np.abs(got[finite] - want[finite]) <= ulp), np.max(np.abs(got[finite] - want[finite])) / ulp
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dim", [None, 0, 1, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+def test_quantile_and_nanquantile_are_torchs(dtype, dim, keepdim, interpolation):
+    """torch.quantile (NaN where a slice holds one) and torch.nanquantile (of the values that are not NaN; NaN for an
+    all-NaN slice), q a number or a tensor (its axis first), over data with ties, NaN, an infinity and signed zeros,
+    and over distinct random values (where 'linear' interpolates in earnest)."""
+    awk = awkward((6, 7), dtype, seed=11)
+    awk[4, :] = np.nan  # an all-NaN row
+    awk[:, 5] = np.nan  # an all-NaN column
+    rand = np.random.default_rng(12).standard_normal((6, 7)).astype(dtype) * 3
+    rand[2, 3] = np.nan
+    for x in (awk, rand):
+        tx = torch.from_numpy(x)
+        for q in (0.3, 0.5, np.array([0.0, 0.1, 0.25, 0.5, 0.9, 1.0], dtype)):
+            tq = torch.from_numpy(q) if isinstance(q, np.ndarray) else q
+            for target, fn in (("aten.quantile", torch.quantile), ("aten.nanquantile", torch.nanquantile)):
+                want = fn(tx, tq, dim=dim, keepdim=keepdim, interpolation=interpolation)
+                overload = ".default" if isinstance(q, np.ndarray) else ".scalar"
+                got = row(target + overload, x, q, dim, keepdim, interpolation=interpolation, chunks=(4, 3))
+                same_quantiles(got, want, x, interpolation)
+
+
+def test_quantile_refuses_what_it_cannot_give_with_what_to_do():
+    x = np.arange(12.0).reshape(3, 4)
+    with pytest.raises(NotImplementedError, match="torch's are linear, lower, higher, midpoint, nearest"):
+        row("aten.quantile.scalar", x, 0.5, 1, interpolation="cubic")
+
+    class ComputedLevels(nn.Module):
+        def forward(self, x):
+            return torch.quantile(x, torch.sigmoid(x[0, :2]), dim=1)
+
+    with pytest.raises(UnsupportedOperator, match="q computed by the model: give q as a number or a "
+                                                  "tensor the model holds"):
+        goblin_dask.capture(ComputedLevels(), (torch.randn(4, 6),))
+
+
+class Quantiles(nn.Module):
+    """torch.quantile and nanquantile in the forms a model writes them: q a float or a buffer, each interpolation,
+    per row (any batch size) or over the batch and the whole tensor (torch fixes the batch size then)."""
+
+    def __init__(self, dtype, whole: bool):
+        super().__init__()
+        self.whole = whole
+        self.register_buffer("levels", torch.tensor([0.1, 0.5, 0.9], dtype=dtype))
+
+    def forward(self, x):
+        if self.whole:
+            return torch.quantile(x, self.levels, dim=0, keepdim=True), torch.quantile(x, 0.75), \
+                torch.nanquantile(x, 0.4, 0, interpolation="nearest")
+        return (torch.quantile(x, 0.3, dim=1), torch.nanquantile(x, 0.5, dim=-1, interpolation="midpoint"),
+                x.quantile(0.6, dim=1, interpolation="nearest"), x.nanquantile(self.levels, 1, interpolation="lower"),
+                torch.quantile(x, 0.2, 1, True, interpolation="higher"), torch.quantile(x, self.levels, -1))
+
+
+INTERPOLATIONS_OF = {False: ["linear", "midpoint", "nearest", "lower", "higher", "linear"],
+                     True: ["linear", "linear", "nearest"]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("whole", [False, True], ids=["per-row", "whole"])
+def test_a_captured_model_of_quantiles_matches_torch_without_a_sort(dtype, whole):
+    """Kept whole at export (decomposed, torch's quantile is a sort, which only the lab may run): the catalog's
+    quantile, a Replica op volunteers may compute."""
+    model = Quantiles(torch.float32 if dtype == np.float32 else torch.float64, whole).eval()
+    g = goblin_dask.capture(model, (torch.from_numpy(awkward((4, 6), dtype)),))
+    assert "quantile" in g.ops and not {"sort", "argsort", "topk", "argtopk"} & set(g.ops), g.ops
+    for batch in (4,) if whole else (4, 5, 9):
+        for x in (awkward((batch, 6), dtype, seed=batch),
+                  np.random.default_rng(batch).standard_normal((batch, 6)).astype(dtype)):
+            got = [o.compute(scheduler="threads") for o in g(x)]
+            with torch.no_grad():
+                want = model(torch.from_numpy(x))
+            assert len(got) == len(want) == len(INTERPOLATIONS_OF[whole])
+            for gv, wv, interpolation in zip(got, want, INTERPOLATIONS_OF[whole]):
+                same_quantiles(gv, wv, x, interpolation)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_src_is_torchs_for_the_indices_order_statistics_write(dim):
+    """The backward of sort/topk/median/kthvalue: ``x.scatter(dim, index, src)`` with distinct indices per slice,
+    as many as the axis holds (sort) or fewer (topk, median)."""
+    rng = np.random.default_rng(dim + 5)
+    x = rng.standard_normal((4, 5, 6))
+    n = x.shape[dim]
+    for m in (n, 2, 1):
+        index = np.argsort(rng.random(x.shape), axis=dim, kind="stable").take(np.arange(m), axis=dim)
+        src = rng.standard_normal(index.shape)
+        src.reshape(-1)[::7] = -0.0
+        want = torch.from_numpy(x).scatter(dim, torch.from_numpy(index), torch.from_numpy(src))
+        got = TABLE["aten.scatter.src"].fn(ga, ga.from_array(x, chunks=(2, 3, 4)), dim, ga.from_array(index),
+                                           ga.from_array(src)).compute(scheduler="sync")
+        np.testing.assert_array_equal(bits(got), bits(want.numpy()))  # -0.0 written stays -0.0
+    twice = np.zeros((2, 3), np.int64)  # every index 0: torch writes one of the values there, unspecified which
+    src = np.array([[-0.0, 5.0, 1.0], [2.0, np.nan, 3.0]])
+    got = TABLE["aten.scatter.src"].fn(ga, ga.from_array(np.ones((2, 3))), 1, ga.from_array(twice),
+                                       ga.from_array(src)).compute(scheduler="sync")
+    assert got[0, 0] in src[0] and np.isnan(got[1, 0]) and np.array_equal(got[:, 1:], np.ones((2, 2)))
+
+
 # -- captured models: the export path (which overloads torch writes, its argument forms) -------------------------
 
 class Orders(nn.Module):
@@ -250,7 +372,8 @@ def test_a_captured_model_of_order_operators_matches_torch(orders, batch):
 # -- on a real grid ---------------------------------------------------------------------------------------------
 
 class Ranker(nn.Module):
-    """Scores from a linear layer, then their order statistics: the top 3 per row, the median, a stable ranking.
+    """Scores from a linear layer, then their order statistics: the top 3 per row, the median, a stable ranking, a
+    quartile.
     Integer weights and inputs make every score exact in float32 (and full of ties), so the grid's scores are
     torch's bit for bit and so is every order statistic of them."""
 
@@ -266,7 +389,7 @@ class Ranker(nn.Module):
         top = torch.topk(s, 3, dim=1)
         m = torch.median(s, dim=1)
         return top.values, m.values, m.indices, torch.sort(s, dim=1, descending=True, stable=True).indices, \
-            torch.median(s)
+            torch.median(s), torch.quantile(s, 0.25, dim=1)
 
 
 @pytest.mark.parametrize("stage_tasks", [True, False], ids=["stage-tasks", "op-by-op"])
@@ -300,7 +423,7 @@ def test_a_captured_ranking_model_on_the_grid_gives_torchs_order_and_is_verified
         want = model(torch.from_numpy(x))
         scores = model.score(torch.from_numpy(x))
     assert len(np.unique(scores.numpy())) < scores.numel() // 4  # ties, many
-    for i in (0, 1, 4):
+    for i in (0, 1, 4, 5):  # integer scores: quantile's interpolation is exact, so torch's numbers bit for bit
         same_values(got[i], want[i])
     np.testing.assert_array_equal(got[3], want[3].numpy())  # stable=True: torch's indices exactly
     indexes_values(scores.numpy(), 1, got[2][:, None], got[1][:, None])  # median's indices point at its values

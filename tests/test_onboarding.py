@@ -254,12 +254,29 @@ def _handshake(address: str, credential: Credential) -> str:
     raise AssertionError(f"a credential of another lab got through the TLS handshake at {address}")
 
 
+HELD = re.compile(r"\((\d+) more since the last such line, from 1 address\(es\)\)")
+
+
+def assert_once_per_interval(lines: list[str], interval: float, attempts: int) -> None:
+    """The node's lines about ``attempts`` failed handshakes from one address: at least ``interval`` seconds apart
+    (by their own timestamps), the first alone, later ones counting those held back since the one before (some
+    did), never more counted than made, whatever the pace of the attempts."""
+    import datetime
+
+    stamps = [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in lines]
+    assert all((b - a).total_seconds() >= interval - 0.05 for a, b in zip(stamps, stamps[1:])), lines
+    held = [HELD.search(line) for line in lines]
+    assert held[0] is None, lines[0]
+    counted = len(lines) + sum(int(h.group(1)) for h in held if h)
+    assert len(lines) < counted <= attempts, (lines, attempts)
+
+
 def test_the_node_logs_a_credential_of_another_lab_once_per_interval_with_its_address(lab):
     """A volunteer enrolled at lab A joins lab B: it stops at once with its reason, and B says on its log what
     happened, with the peer's address, in one WARNING line; a flood of such handshakes is counted in B's next
     line, not written one by one.  A and B both keep serving."""
     token = lab.enroll("wanderer")  # lab A: the session's lab
-    with dask.config.set({"goblin.link.other-lab-log-interval": 2.0}):
+    with dask.config.set({"goblin.link.handshake-log-interval": 2.0}):
         lab_b = LabNode.local(volunteers=0, dashboard=False)
     with lab_b:
         log = lab_b.state_dir / "logs" / "scheduler.log"
@@ -285,12 +302,10 @@ def test_the_node_logs_a_credential_of_another_lab_once_per_interval_with_its_ad
             nonlocal attempts
             _handshake(lab_b.address, wanderer)
             attempts += 1
-            return len(lines()) > 1
+            return any(HELD.search(line) for line in lines())
 
-        wait_for(next_line, "lab B's next line, once its interval has passed", interval=0.5)
-        assert len(lines()) == 2, lines()  # the flood held back, not written
-        held = re.search(r"\((\d+) more since the last such line, from 1 address\(es\)\)", lines()[1])
-        assert held and flood <= int(held.group(1)) <= attempts - 2, (lines()[1], attempts)
+        wait_for(next_line, "lab B's line counting those held back, once its interval has passed", interval=0.5)
+        assert_once_per_interval(lines(), 2.0, attempts)
 
         rng = np.random.default_rng(5)
         a, b = rng.standard_normal((256, 192)), rng.standard_normal((192, 128))
@@ -299,6 +314,99 @@ def test_the_node_logs_a_credential_of_another_lab_once_per_interval_with_its_ad
             with connect(node.address, credential=path, timeout=30, set_as_default=False) as client:
                 got = (ga.from_array(a, chunks=64) @ ga.from_array(b, chunks=64)).compute(scheduler=client.get)
             np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def _no_tls(address: str) -> str:
+    """Distributed's own tcp:// client at the TLS port ``address``, as a `tcp://` address in the README made
+    researchers and volunteers do; returns how it failed."""
+    import asyncio
+
+    from distributed.comm import connect as comm_connect
+
+    async def dial():
+        comm = await comm_connect(_tcp(address), timeout=30)
+        try:
+            await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        asyncio.run(dial())
+    except OSError as e:
+        return str(e)
+    raise AssertionError(f"a tcp:// client got a message from the TLS port {address}")
+
+
+def _no_certificate(address: str) -> str:
+    """A TLS client with no certificate at ``address``: the handshake fails on the node's side."""
+    import ssl
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(parse_host_port(parse_address(address)[1]), timeout=30) as raw:
+        try:
+            with context.wrap_socket(raw) as tls:
+                tls.sendall(b"hello")
+                if tls.recv(1):
+                    raise AssertionError(f"a TLS client without a certificate got a byte from {address}")
+        except (ssl.SSLError, OSError) as e:  # TLS 1.3: the node's refusal comes after the client's handshake
+            return str(e) or type(e).__name__
+    return "closed"
+
+
+def _closed(address: str) -> str:
+    """A client (a port scan, a load balancer's probe) that connects and closes before any handshake."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    socket.create_connection(parse_host_port(parse_address(address)[1]), timeout=30).close()
+    return "closed"
+
+
+@pytest.mark.parametrize("kind", ["no TLS", "no certificate", "closed"])
+def test_the_node_logs_a_failed_handshake_once_per_interval_with_what_to_do(kind):
+    """A client that keeps failing the TLS handshake for the same reason (a tcp:// address, no credential, a
+    probe that connects and closes) gets one line on the node's log per goblin.link.handshake-log-interval,
+    naming its address and what to do; the ones in between are counted in the next line."""
+    if kind == "no TLS":
+        fail, says = _no_tls, ["goblin node WARNING refused a TLS connection from tls://127.0.0.1:",
+                               "it does not speak TLS (", "never tcp://"]
+    elif kind == "no certificate":
+        fail, says = _no_certificate, ["goblin node WARNING refused a TLS connection from tls://127.0.0.1:",
+                                       "it sent no certificate (", "`goblin enroll`", "credential=PATH"]
+    else:
+        fail, says = _closed, ["goblin node INFO a TLS handshake from tls://127.0.0.1:", "failed (",
+                               "nothing to do unless a volunteer or researcher cannot connect", "goblin doctor"]
+    with dask.config.set({"goblin.link.handshake-log-interval": 2.0}):
+        node = LabNode.local(volunteers=0, dashboard=False)
+    with node:
+        log = node.state_dir / "logs" / "scheduler.log"
+
+        def lines() -> list[str]:
+            return [line for line in log.read_text(errors="replace").splitlines()
+                    if "refused a TLS connection from" in line or "a TLS handshake from" in line]
+
+        fail(node.address)
+        wait_for(lambda: lines(), "the node's line about the failed handshake")
+        (first,) = lines()
+        assert all(part in first for part in says), first
+        assert "more since the last such line" not in first
+
+        flood = 30
+        for _ in range(flood):
+            fail(node.address)
+        attempts = 1 + flood
+
+        def next_line() -> bool:
+            nonlocal attempts
+            fail(node.address)
+            attempts += 1
+            return any(HELD.search(line) for line in lines())
+
+        wait_for(next_line, "the node's line counting those held back, once its interval has passed", interval=0.5)
+        assert_once_per_interval(lines(), 2.0, attempts)
+        assert all(part in line for line in lines() for part in says), lines()
 
 
 @pytest.mark.parametrize("which", ["--port", "--dashboard-port"])
@@ -315,6 +423,35 @@ def test_goblin_node_names_the_port_in_use(tmp_path, which):
     assert proc.returncode == EXIT_PORT_IN_USE, proc.stderr
     assert f"{what} port {port} on 127.0.0.1 is in use" in proc.stderr and f"pick another with {which}" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "state" / "node.json").exists()
+
+
+def test_goblin_node_no_dashboard_listens_on_its_scheduler_port_only(tmp_path):
+    """`goblin node --no-dashboard` serves no HTTP at all: distributed's scheduler would still listen on the
+    dashboard port (or 8787) for /health and /metrics."""
+    import psutil
+
+    with socket.socket() as probe:  # a port free now, given as the dashboard port that must stay closed
+        probe.bind(("127.0.0.1", 0))
+        dashboard_port = probe.getsockname()[1]
+    state = tmp_path / "state"
+    node = subprocess.Popen([sys.executable, "-m", "goblin_dask.cli", "node", "--host", "127.0.0.1", "--port", "0",
+                             "--dashboard-port", str(dashboard_port), "--no-dashboard", "--no-lab-worker",
+                             "--state-dir", str(state)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (state / "node.json").exists() or node.poll() is not None, "the node to start", 120)
+        assert node.poll() is None, node.returncode
+        info = json.loads((state / "node.json").read_text())
+        assert info["dashboard_link"] is None, info
+        scheduler_port = int(info["address"].rsplit(":", 1)[1])
+        listening = {c.laddr.port for c in psutil.Process(node.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {scheduler_port}, (listening, scheduler_port)
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", dashboard_port))
+    finally:
+        node.terminate()
+        node.wait(60)
 
 
 # -- 4. small ones ---------------------------------------------------------------------------------------

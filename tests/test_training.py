@@ -521,21 +521,55 @@ def test_an_operator_the_catalog_lacks_is_refused_at_trace_time_with_its_place()
     assert "what to do: run that part of the model in torch on your machine" in str(e.value)
 
 
-class Sorted(nn.Module):
-    def forward(self, x):
-        return torch.sort(x, dim=-1).values
-
-
 def test_a_gradient_the_table_lacks_is_refused_as_the_backward_of_a_forward_that_maps():
-    """torch.sort's forward maps (the catalog's sort); its gradient is a scatter the table lacks, written by torch's
-    autograd with no source line of the model's: the refusal says it is the backward, and what to do."""
+    """Max pooling's forward maps (tests/test_capture.py); its gradient is an operator the table lacks, written by
+    torch's autograd with no source line of the model's: the refusal says it is the backward, and what to do."""
     from goblin_dask.torch_capture import UnsupportedOperator
 
-    model = nn.Sequential(nn.Linear(4, 8), Sorted(), nn.Linear(8, 2)).train()
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 2)).train()
     trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(UnsupportedOperator, match=r"aten\.scatter\.src(.|\n)*in the backward pass") as e:
-        trainer.round_graph(np.zeros((8, 4), np.float32), np.zeros(8, np.int64))
+    with pytest.raises(UnsupportedOperator, match=r"aten\.max_pool2d_with_indices_backward(.|\n)*in the backward "
+                                                  r"pass") as e:
+        trainer.round_graph(np.zeros((8, 1, 6, 6), np.float32), np.zeros(8, np.int64))
     assert "capture the model for inference, or train that part in torch" in str(e.value)
+
+
+class OrderStatistics(nn.Module):
+    """Scores, then sort (descending, along either axis), topk, median and kthvalue of them: each one's gradient is
+    torch's scatter of the incoming gradient to the positions its indices name."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(6, 8)
+
+    def forward(self, x):
+        h = self.score(x)
+        return (torch.sort(h, dim=1, descending=True).values[:, :3].sum(1) + torch.topk(h, 2, dim=1).values.sum(1)
+                + torch.median(h, dim=1).values + torch.kthvalue(h, 3, dim=1).values
+                + torch.sort(h, dim=0).values[1].sum() + torch.msort(h)[0].sum())
+
+
+def test_gradients_through_sort_topk_median_kthvalue_are_torchs():
+    """The round's graph (forward and backward, traced as the Trainer traces it) against torch's autograd."""
+    from goblin_dask.training import joint
+
+    torch.manual_seed(3)
+    model = OrderStatistics().train()
+    x, y = torch.randn(5, 6), torch.randn(5)  # random scores: no ties, so every index torch gives is defined
+
+    def loss_fn(out, target):
+        return ((out - target) ** 2).mean()
+
+    names = [n for n, _ in model.named_parameters()]
+    graph = joint.trace(model, loss_fn, x.numpy(), y.numpy(), names, [])
+    assert "aten.scatter.src" in {n["op"] for n in graph.nodes}
+    got = [o.compute(scheduler="sync") for o in graph(*(p.detach().numpy() for p in model.parameters()), x.numpy(),
+                                                     y.numpy())]
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    np.testing.assert_allclose(got[0], loss.item(), rtol=1e-6)
+    for name, g, p in zip(names, got[1:], model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_the_round_is_one_graph_ending_at_the_lab():

@@ -145,10 +145,11 @@ async def _serve_node(host, port, dashboard_port, state_dir: Path, ready, lab_wo
     admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
     node_credential = LabCA(state_dir).issue("lab", "lab-node")
     dashboard = dashboard_port is not None
-    scheduler = Scheduler(host=host, port=port, dashboard=dashboard, protocol="tls",
-                          security=node_credential.security(),
-                          dashboard_address=f"{host}:{dashboard_port}" if dashboard else None,
-                          validate=False)
+    scheduler_class = Scheduler if dashboard else _without_http_port(Scheduler)
+    scheduler = scheduler_class(host=host, port=port, dashboard=dashboard, protocol="tls",
+                                security=node_credential.security(),
+                                dashboard_address=f"{host}:{dashboard_port}" if dashboard else None,
+                                validate=False)
     plugins = scheduler_plugins.install(scheduler, state_dir)
     link.install_scheduler_side(scheduler, plugins["goblin-admission"])
     async with scheduler:
@@ -213,6 +214,21 @@ async def _supervise_lab_worker(address: str, host: str, state_dir: Path, option
         logger.warning("lab worker exited with code %s after %.0f s; starting it again in %.0f s",
                        proc.returncode, ran, delay)
         await asyncio.sleep(delay)
+
+
+def _without_http_port(scheduler_class):
+    """``scheduler_class`` listening on no HTTP port (``goblin node --no-dashboard``): distributed's scheduler
+    serves /health, /metrics and its other routes without a dashboard too, on 8787 (or any free port when
+    that is taken).  Its routes are still built (the goblin plugins add theirs to them); nothing serves them."""
+    from distributed.http.routing import RoutingApplication
+    from tornado.httpserver import HTTPServer
+
+    class NoHTTPPortScheduler(scheduler_class):
+        def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+            self.http_application = RoutingApplication(routes)
+            self.http_server = HTTPServer(self.http_application)  # never listens; stopped with nothing to stop
+
+    return NoHTTPPortScheduler
 
 
 def _dashboard_link(scheduler, host: str) -> str | None:

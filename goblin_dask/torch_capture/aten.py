@@ -509,6 +509,11 @@ def _cumsum(ga, x, dim, dtype=None):
     return ga.cumsum(x, axis=dim % x.ndim, dtype=dtype)
 
 
+@row("aten.cumprod.default", needs="cumprod")
+def _cumprod(ga, x, dim, dtype=None):
+    return ga.cumprod(x, axis=dim % x.ndim, dtype=dtype)
+
+
 @row("aten.logsumexp.default", needs="logsumexp")
 def _logsumexp(ga, x, dim, keepdim=False):
     axes = _axes(dim, x.ndim)
@@ -631,6 +636,40 @@ def _nanmedian_dim(ga, x, dim, keepdim=False):
     return values, index if keepdim else ga.squeeze(index, axis)
 
 
+# torch.quantile and torch.nanquantile: the catalog's quantile (a Replica op: it may run on volunteers), kept whole
+# at export (:data:`KEEP_WHOLE`; decomposed, it is a sort, which only the lab may run).  torch computes the ranks
+# q * (n - 1) in the input's dtype, so q goes to NumPy in it too; torch's interpolations are NumPy's methods of the
+# same names.  'lower', 'higher', 'nearest' and 'midpoint' give torch's values exactly; 'linear' (the default)
+# within one rounding of the slice's largest value (torch's lerp is a fused multiply-add, NumPy's two operations).
+
+TORCH_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile_row(skipna: bool) -> Callable:
+    name = "nanquantile" if skipna else "quantile"
+
+    def fn(ga, x, q, dim=None, keepdim=False, interpolation="linear"):
+        if interpolation not in TORCH_INTERPOLATIONS:
+            raise NotImplementedError(f"torch.{name}(interpolation={interpolation!r}): torch's are "
+                                      f"{', '.join(TORCH_INTERPOLATIONS)}")
+        if isinstance(q, ga.Array):
+            raise NotImplementedError(f"torch.{name} with q computed by the model: give q as a number or a "
+                                      "tensor the model holds (a buffer or a constant), so it is known at capture")
+        levels = np.asarray(q, dtype=x.dtype)  # torch's q: a tensor of the input's dtype, or a float made one
+        axis = None if dim is None else dim % max(x.ndim, 1)
+        return getattr(ga, name)(x, levels, axis=axis, keepdims=keepdim, method=interpolation)
+
+    return fn
+
+
+for _target, _skipna in (("aten.quantile.scalar", False), ("aten.quantile.default", False),
+                         ("aten.nanquantile.scalar", True), ("aten.nanquantile.default", True)):
+    row(_target, needs="nanquantile" if _skipna else "quantile", concrete=(1,))(_quantile_row(_skipna))
+
+#: Composite operators (torch decomposes them at export) whose rows map them whole, so export keeps them.
+KEEP_WHOLE = ("aten.quantile.scalar", "aten.quantile.default", "aten.nanquantile.scalar", "aten.nanquantile.default")
+
+
 # -- nn (ga.softmax, ga.layer_norm ... once array/nn.py is there) --------------------------------
 
 @row("aten._softmax.default", needs="softmax")
@@ -746,6 +785,30 @@ def _scatter_value(ga, x, dim, index, value):
     iota = ga.reshape(ga.arange(x.shape[dim], dtype=index.dtype), tuple(x.shape[d] if d == dim else 1
                                                                           for d in range(x.ndim)))
     return ga.where(ga.equal(iota, index), np.asarray(value, dtype=x.dtype)[()], x)
+
+
+@row("aten.scatter.src", needs=("arange", "reshape", "equal", "where", "max", "any"))
+def _scatter_src(ga, x, dim, index, src):
+    """``x`` with ``src`` written at ``index`` along ``dim``: the backward of sort, topk, kthvalue and median (their
+    indices, distinct in each slice).  Each slice's m indices against the n positions (an m x n comparison per
+    slice): position j takes the ``src`` value whose index is j, or keeps ``x``'s; where several name j (torch
+    then picks one of them, unspecified which), the largest of them."""
+    dim %= max(x.ndim, 1)
+    if x.ndim == 0 or index.ndim != x.ndim or tuple(src.shape) != tuple(index.shape) or any(
+            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
+        raise NotImplementedError(f"scatter of index shape {tuple(index.shape)} (src {tuple(src.shape)}) into "
+                                  f"{tuple(x.shape)} along {dim} (only index and src of x's shape but along dim "
+                                  "are mapped)")
+    n, m = x.shape[dim], index.shape[dim]
+    if m == 0:
+        return x
+    after = lambda shape: tuple(shape[:dim + 1]) + (1,) + tuple(shape[dim + 1:])  # noqa: E731  a new axis after dim
+    iota = ga.reshape(ga.arange(n, dtype=index.dtype), (1,) * (dim + 1) + (n,) + (1,) * (x.ndim - dim - 1))
+    hit = ga.equal(ga.reshape(index, after(index.shape)), iota)  # (..., m, n, ...): index i lands on position j
+    dt = np.dtype(src.dtype)
+    lowest = -np.inf if dt.kind == "f" else np.iinfo(dt).min if dt.kind in "iu" else False
+    written = ga.max(ga.where(hit, ga.reshape(src, after(src.shape)), np.asarray(lowest, dtype=dt)[()]), axis=dim)
+    return ga.where(ga.any(hit, axis=dim), written, x)
 
 
 @row("aten.index_put.default", needs=("one_hot", "reshape", "transpose", "matmul", "add"))

@@ -35,6 +35,17 @@ def _dtype_name(dt: Any) -> str:
         raise UnsupportedOperator(f"dtype {dt}", why="NumPy has no such dtype") from None
 
 
+def _decompositions() -> Any:
+    """torch's core-ATen decompositions, less those of the composite operators the table maps whole
+    (:data:`~goblin_dask.torch_capture.aten.KEEP_WHOLE`)."""
+    torch = _torch()
+    table = torch.export.default_decompositions()
+    for target in aten.KEEP_WHOLE:
+        _, name, overload = target.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, name), overload), None)
+    return table
+
+
 def _export(module: Any, args: tuple) -> Any:
     """The core-ATen ExportedProgram, with dim 0 of the inputs a symbolic batch size where the model allows."""
     torch = _torch()
@@ -44,10 +55,10 @@ def _export(module: Any, args: tuple) -> Any:
         dynamic = tuple({0: batch} if isinstance(a, torch.Tensor) else None for a in args)
         try:
             ep = torch.export.export(module, args, dynamic_shapes=dynamic)
-            return ep.run_decompositions()
+            return ep.run_decompositions(_decompositions())
         except Exception:  # the model specializes its batch size (or torch cannot tell): static shapes
             pass
-    return torch.export.export(module, args).run_decompositions()
+    return torch.export.export(module, args).run_decompositions(_decompositions())
 
 
 def _target(node: Any) -> str:
@@ -123,7 +134,7 @@ def capture(module: Any, example_inputs: tuple, *, dynamic_batch: bool = True) -
             if dynamic_batch:
                 ep = _export(module, example_inputs)
             else:
-                ep = torch.export.export(module, example_inputs).run_decompositions()
+                ep = torch.export.export(module, example_inputs).run_decompositions(_decompositions())
     finally:
         if was_training:
             module.train()
