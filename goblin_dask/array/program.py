@@ -294,18 +294,20 @@ def layout(spec: tuple) -> list[tuple[int, int, tuple[int, ...], str]]:
 
 def call(program: Program, *inputs: Any) -> list[Any]:
     """The traced function's results for ``inputs`` (ga arrays or NumPy), computed as one program task."""
+    packed, arrays = call_packed(program, *inputs)
+    return [result(program, packed, arrays, inputs, k) for k in range(len(program.results))]
+
+
+def result(program: Program, packed: Array, arrays: list[Array], inputs: Sequence[Any], k: int) -> Any:
+    """Result ``k`` of a :func:`call_packed` (``packed``, ``arrays``) on ``inputs``: cut from the packed result, one
+    of the inputs it returns as it came, or a literal."""
     import goblin_dask.array as ga
 
-    packed, arrays = call_packed(program, *inputs)
-    where = layout(program.spec)
-    out = []
-    for kind, v in program.results:
-        if kind == "input":
-            out.append(inputs[v] if isinstance(inputs[v], Array) else arrays[v])
-        elif kind == "literal":
-            out.append(v)
-        else:
-            start, stop, shape, dtype = where[v]
-            piece = ga.reshape(packed[start:stop], shape)
-            out.append(piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype)))
-    return out
+    kind, v = program.results[k]
+    if kind == "input":
+        return inputs[v] if isinstance(inputs[v], Array) else arrays[v]
+    if kind == "literal":
+        return v
+    start, stop, shape, dtype = layout(program.spec)[v]
+    piece = ga.reshape(packed[start:stop], shape)
+    return piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype))

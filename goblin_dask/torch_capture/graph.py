@@ -612,15 +612,17 @@ class Graph:
             return parts[0]
         return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
 
-    def pipelined_sum(self, calls: Sequence[Sequence[Any]], weights: Sequence[float],
-                      summed: Sequence[int]) -> tuple[list[tuple], list[Any]] | None:
+    def pipelined_sum(self, calls: Sequence[Sequence[Any]], weights: Sequence[float], summed: Sequence[int],
+                      packed: bool = False) -> tuple[list[tuple], list[Any]] | None:
         """Several calls (a Trainer's consecutive micro-batches) as one pipeline of stage tasks, each task running
         its stage for every call in turn: the outputs at ``summed`` (a joint graph's gradients) come back once,
         ``sum_i weights[i] * output_i`` in the output's dtype in call order (as the lab's step sums them, and torch
         accumulates them), the others per call.  A stage's parameters are fetched once for all the calls, a
         gradient crosses once, and the lab handles one task per stage instead of one per call and stage.
 
-        Returns ``(per call: its outputs, the summed ones None; the summed outputs)``, or None where the calls
+        Returns ``(per call: its outputs, the summed ones None; the summed outputs)``; with ``packed``, each summed
+        output as ``(the stage task's packed result, (start, stop, shape, dtype))`` (:func:`program.layout`), for
+        a lab task that cuts them itself rather than one task per cut.  None where the calls
         do not run as one multi-stage pipeline (one stage, op by op, a random operator, a summed output another
         stage reads).  A call input that is the same array in every call (a parameter) is read once per stage task;
         the others (the batch) per call."""
@@ -658,12 +660,17 @@ class Graph:
                                                         [float(w) for w in weights], tuple(sorted(sums.values())))
             if program is None:
                 return None
-            out = prog.call(program, *xs)
+            whole, arrays = prog.call_packed(program, *xs)
             kept = [o for o in stage.outputs if o not in sums.values() and o not in static[0]]
+            out = [prog.result(program, whole, arrays, xs, k) for k in range(len(values) * len(kept))]
             for i, v in enumerate(values):
                 v.update(zip(kept, out[i * len(kept):(i + 1) * len(kept)]))
                 v.update(static[i])
-            total.update(zip([o for o in stage.outputs if o in sums.values()], out[len(values) * len(kept):]))
+            where = prog.layout(program.spec)
+            for k, o in enumerate([o for o in stage.outputs if o in sums.values()], start=len(out)):
+                kind, at = program.results[k]
+                total[o] = (whole, where[at]) if packed and kind == "packed" else \
+                    prog.result(program, whole, arrays, xs, k)
         lab = {k: _LazyConstant(self, k) for k in self.constant_specs}
         lab.update({k: _LazyConstant(self, k) for k in self._folded()})
         per_call = []

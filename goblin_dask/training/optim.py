@@ -71,11 +71,19 @@ def step(p: Any, g: Any, state: dict, h: dict) -> Any:
     return sgd(p, g, state, h) if h["kind"] == "sgd" else adam(p, g, state, h)
 
 
+def gradient(v: Any) -> np.ndarray:
+    """A gradient as a round's graph hands it to the step: its blocks, or ``["packed", result, start, stop, shape,
+    dtype]``, a piece of a stage task's packed result that the step cuts itself (one task fewer per gradient)."""
+    if isinstance(v, list) and len(v) == 6 and isinstance(v[0], str) and v[0] == "packed":
+        return _task_outputs(v[1], [("packed", *v[2:])], [])[0]
+    return _assemble(v)
+
+
 def _weighted_sum(versions: Sequence[Any], weights: Sequence[float], dtype: np.dtype) -> np.ndarray:
     """``sum_k weights[k] * versions[k]`` in ``dtype``, in order (torch's accumulation of ``(w_k * loss_k).backward()``)."""
     total = None
     for v, w in zip(versions, weights):
-        term = _assemble(v) * dtype.type(w)
+        term = gradient(v) * dtype.type(w)
         total = term if total is None else total + term
     return total
 

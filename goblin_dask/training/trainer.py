@@ -373,12 +373,16 @@ class Trainer:
             losses.append(out[0])
             grads.append(out[1:1 + P])
             bufs = out[1 + P:]  # the next micro-batch's forward sees the running statistics so far
-        arrays = [*params, *packed, *losses, *(g for gs in grads for g in gs), *bufs]
+        # a gradient the step cuts from its stage task's packed result itself: (packed, where)
+        arrays = [*params, *packed, *losses, *(g[0] if isinstance(g, tuple) else g for gs in grads for g in gs), *bufs]
         # one merge: each array's graph holds most of the others' (a dict per array cost seconds per round)
         dsk = dict(HighLevelGraph.merge(*(a.__dask_graph__() for a in arrays)).to_dict())
         dsk = optimize(dsk, [a.__dask_keys__() for a in arrays])
 
         def refs(a: Any) -> Any:
+            if isinstance(a, tuple):  # (packed result, where): cut by the step (optim.gradient)
+                return List("packed", TaskRef(a[0].__dask_keys__()[0]), *a[1])
+
             def nest(k):
                 return List(*(nest(e) for e in k)) if isinstance(k, list) else TaskRef(k)
             return nest(a.__dask_keys__())
@@ -430,7 +434,7 @@ class Trainer:
                     return None
                 checked = True
             calls = [(*params, *bufs, x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]) for idx in rows]
-            out = graph.pipelined_sum(calls, [weights[i] for i in group], range(1, 1 + P))
+            out = graph.pipelined_sum(calls, [weights[i] for i in group], range(1, 1 + P), packed=True)
             if out is None:
                 return None
             per_call, summed = out
