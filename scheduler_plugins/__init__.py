@@ -40,7 +40,7 @@ def install(scheduler, state_dir: str | os.PathLike) -> dict:
                                 state_dir=state_dir)  # the volunteers' credit is kept there
     exposure = ExposurePlugin(scheduler, admission)  # after the ledger: it places replicas first
     faults = FaultPlugin(scheduler, admission, ledger)  # last: it reschedules what volunteers failed
-    # after faults: it leaves full volunteers out of its valid_workers; off (0) by default: see held_tasks
+    # after faults: it leaves full volunteers out of its valid_workers (none with the setting at 0: no cap)
     held = HeldTasksPlugin(scheduler, admission) if max_held_per_volunteer() else None
     training = TrainingRuns(scheduler)  # researchers' training rounds, for the lab's page
     cache = VolunteerCachePlugin(scheduler, admission)  # placement prefers volunteers holding a task's inputs

@@ -1,8 +1,11 @@
 """A volunteer holds at most a few tasks at once; the rest wait for a free slot, never lost.
 
-Off by default (``goblin.placement.max-held-per-volunteer: 0``): with it on, a computation hung in 2 of 4 loaded
-runs (a paused volunteer's tasks given back, ``tests/test_volunteer_side.py``), not yet understood; a lab that
-fears claimants of many threads sets it (64 below).
+On by default (64); ``goblin.placement.max-held-per-volunteer: 0`` turns it off.  It was off for a while: with
+it on, a computation hung under load in ``tests/test_volunteer_side.py`` (a volunteer paused mid-computation).
+The cause was not here: a task the scheduler sent while the volunteer's pause was on the wire reached the paused
+volunteer after it had handed back what it held, and waited there for the deadline.  The cap made that likely
+(it sends tasks as slots free, all along a computation, where distributed sends them all at the start); the
+volunteer now hands back a task that arrives while it is paused (``goblin_dask.volunteer.worker``).
 
 distributed sends a ready task to a worker as soon as it picks one, however many the worker already
 has: its queueing (``distributed.scheduler.worker-saturation``) applies only to root-ish tasks, and a

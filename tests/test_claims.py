@@ -56,8 +56,7 @@ def test_a_volunteers_claims_never_take_the_honest_volunteers_tasks(tmp_path):
         assert _honest_tasks(lab, honest, seed=2) > 0
 
 
-def test_a_volunteer_claiming_many_threads_holds_at_most_its_cap_and_the_honest_volunteer_keeps_its_share(
-        tmp_path, monkeypatch):
+def test_a_volunteer_claiming_many_threads_holds_at_most_its_cap_and_the_honest_volunteer_keeps_its_share(tmp_path):
     """Issue 29: a claimant of 256 threads was handed 252 of a product's 256 tasks at once, each held until its
     deadline.  Now it holds at most ``goblin.placement.max-held-per-volunteer`` (counted by the claimant itself,
     from its own worker's state), the rest wait for a free slot, the honest volunteer gets tasks, and the product is
@@ -65,11 +64,10 @@ def test_a_volunteer_claiming_many_threads_holds_at_most_its_cap_and_the_honest_
     import re
 
     from scheduler_plugins.admission import VOLUNTEER_MAX_THREADS, min_memory_per_thread
-    from scheduler_plugins.held_tasks import cap_for
+    from scheduler_plugins.held_tasks import cap_for, max_held_per_volunteer
 
-    most = 64  # the cap is off by default (see scheduler_plugins.held_tasks); a lab that sets it
-    assert most < VOLUNTEER_MAX_THREADS  # it bites on the largest claim admitted
-    monkeypatch.setenv("DASK_GOBLIN__PLACEMENT__MAX_HELD_PER_VOLUNTEER", str(most))  # the node's processes read it
+    most = max_held_per_volunteer()
+    assert most < VOLUNTEER_MAX_THREADS  # the default bites on the largest claim admitted
     with LabNode.local(volunteers=1, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
         [honest] = lab.volunteer_names()
         claimant = _claimant(lab, VOLUNTEER_MAX_THREADS, VOLUNTEER_MAX_THREADS * min_memory_per_thread(), wait=True)

@@ -218,3 +218,33 @@ def test_credit_survives_a_restart_of_the_lab_node(grid):
         _product(again, 60)
         record = again.report()["volunteers"][alice["name"]]
         assert record["credit"] == before[alice["name"]] + record["accepted"] * FLOPS  # accepted: since the restart
+
+
+def test_a_task_that_reaches_a_volunteer_after_its_pause_goes_back_and_the_computation_completes(tmp_path):
+    """The scheduler may send a task while the volunteer's pause (worker-status-change) is still on the wire:
+    the task reached the paused volunteer after it had handed back what it held, and a paused worker never
+    starts it, so the computation waited for the lab's deadline and the honest volunteer was marked late
+    (a hang of test_pausing_mid_computation_gives_queued_tasks_back_and_the_computation_completes under load,
+    most often with goblin.placement.max-held-per-volunteer on: it sends tasks as slots free, all along).
+    Now a task that reaches a paused volunteer goes back at once, like those it held at the pause."""
+    import dask
+
+    from tests.pausing import MARK
+
+    # the deadline is what ended the wait before: short enough that the old code marks the volunteer late
+    with dask.config.set({"goblin.verification.deadline": 30.0}), \
+            LabNode.local(volunteers=1, dashboard=False, state_dir=tmp_path / "lab") as node:
+        pausing = node.add_volunteer(module="tests.pausing")
+        address = node.volunteer_addresses()[pausing]
+        for seed in range(90, 90 + MAX_ROUNDS):
+            _product(node, seed, n_blocks=6)
+            if MARK in read_log(node._log_path(pausing)):
+                break
+        else:
+            pytest.fail(f"the pausing volunteer was given no task: {_volunteers(node)}")
+        wait_for(lambda: _status(node, address) == "paused", "the scheduler to see the volunteer paused")
+        _product(node, 99, n_blocks=6)  # (the old code: each waited for the deadline)
+        assert not node.client.processing().get(address)  # it holds nothing
+        record = _volunteers(node).get(pausing, {})
+        assert record.get("late", 0) == 0 and record.get("rejected", 0) == 0, record
+        assert not record.get("banned"), record

@@ -69,6 +69,8 @@ def volunteer_worker_class():
 
         def __init__(self, *args, **kwargs):
             self.goblin_paused = False  # the volunteer paused it (goblin volunteer pause): no new tasks
+            #: (key, run id) of the tasks handed back while paused (each is handed back once)
+            self.goblin_given_back: set = set()
             super().__init__(*args, **kwargs)
             self.goblin_fetched: set = set()
             link.tune_worker_stream(self)
@@ -95,15 +97,28 @@ def volunteer_worker_class():
                 monitor.stop()
             if Worker.status.fget(self) == Status.running:
                 Worker.status.fset(self, Status.paused)  # tells the scheduler (worker-status-change)
-            stimulus = f"goblin-paused-{time.time()}"
-            waiting = [ts.key for ts in self.state.tasks.values()
-                       if ts.state in ("waiting", "ready", "constrained") and ts.run_spec is not None]
+            return self._goblin_give_back(f"goblin-paused-{time.time()}")
+
+        def _goblin_give_back(self, stimulus: str) -> int:
+            """Hand back (``reschedule``) each task given to it and not started, once per run of the task.
+
+            At the pause, and again whenever a task arrives while paused: the scheduler may have sent it
+            before it read the pause (the worker-status-change crossed its compute-task on the wire), and
+            a paused worker never starts it, so kept it would wait for a resume that may never come (a
+            computation hung on it until the lab's deadline, and the volunteer was marked late)."""
+            held = {(ts.key, ts.run_id) for ts in self.state.tasks.values()
+                    if ts.state in ("waiting", "ready", "constrained") and ts.run_spec is not None}
+            given_back = self.goblin_given_back
+            given_back &= held  # those the scheduler took back (free-keys) are gone from the worker
+            waiting = [key for key, run_id in held if (key, run_id) not in given_back]
+            given_back |= held
             for key in waiting:  # the scheduler releases them here (free-keys) and places them elsewhere
                 super().batched_send({"op": "reschedule", "key": key, "stimulus_id": stimulus})
             return len(waiting)
 
         def goblin_resume(self) -> None:
             self.goblin_paused = False
+            self.goblin_given_back.clear()
             if Worker.status.fget(self) == Status.paused:
                 Worker.status.fset(self, Status.running)
             monitor = self.periodic_callbacks.get("memory_monitor")
@@ -139,9 +154,12 @@ def volunteer_worker_class():
                 self.loop.add_callback(self.free_used_inputs)
 
         def handle_stimulus(self, *stims):
-            if self.goblin_cache.limit > 0 and any(isinstance(ev, ComputeTaskEvent) for ev in stims):
+            arrived = any(isinstance(ev, ComputeTaskEvent) for ev in stims)
+            if arrived and self.goblin_cache.limit > 0:
                 stims = self._goblin_from_cache(stims)
             super().handle_stimulus(*stims)
+            if arrived and self.goblin_paused:  # sent before the scheduler read the pause: it goes back too
+                self._goblin_give_back(f"goblin-paused-arrival-{time.time()}")
 
         def _goblin_from_cache(self, stims) -> list:
             """Before each task's arrival, its inputs this volunteer keeps go into memory (no transfer).
