@@ -57,6 +57,7 @@ FIRST_RESULT_ONLY = {
     "aten.max_pool2d_with_indices.default": "the indices of return_indices=True",
     "aten.native_layer_norm.default": "the mean and rstd torch saves for backward",
     "aten._native_batch_norm_legit_no_training.default": "the statistics torch saves for backward",
+    "aten._native_batch_norm_legit.no_stats": "the statistics torch saves for backward",
 }
 
 
@@ -692,6 +693,16 @@ def _layer_norm(ga, x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def _batch_norm(ga, x, weight, bias, running_mean, running_var, momentum, eps):
     return (ga.batch_norm(x, running_mean, running_var, weight, bias, eps=eps),
             *_not_computed("aten._native_batch_norm_legit_no_training.default", 3))
+
+
+@row("aten._native_batch_norm_legit.no_stats", needs=("batch_norm", "mean", "var"))
+def _batch_norm_batch_stats(ga, x, weight, bias, training, momentum, eps):
+    """Batch norm with the batch's own statistics (a BatchNorm with ``track_running_stats=False``): each channel's
+    mean and biased variance over the batch and spatial axes.  It mixes rows: never run on slices of the batch."""
+    axes = (0, *range(2, x.ndim))
+    mean, var = ga.mean(x, axis=axes), ga.var(x, axis=axes)
+    return (ga.batch_norm(x, mean, var, weight, bias, eps=eps),
+            *_not_computed("aten._native_batch_norm_legit.no_stats", 3))
 
 
 _SPATIAL_DIMS = "only 1-d and 2-d convolutions are mapped (Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d)"

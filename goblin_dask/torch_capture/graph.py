@@ -327,6 +327,13 @@ class Graph:
                 cache[key] = None
         return cache[key]
 
+    def rows_mixed(self) -> str | None:
+        """The first node that mixes rows of the batch (:func:`rows_mixed`), or None: the pass may run on slices
+        of the batch (found once per graph)."""
+        if "_rows_mixed" not in self.__dict__:
+            self.__dict__["_rows_mixed"] = rows_mixed(self)
+        return self.__dict__["_rows_mixed"]
+
     def _draws_random(self) -> bool:
         from goblin_dask.torch_capture import aten
 
@@ -869,6 +876,219 @@ def _value_bytes(node: dict, symbols: Mapping[str, int]) -> float:
         return 0.0
 
 
+# -- rows along the batch ------------------------------------------------------------------------
+
+#: operators computed element by element (with broadcasting): row i of the result reads row i of the operands only
+_ELEMENTWISE = frozenset({
+    "abs", "neg", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+    "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "floor", "ceil", "round", "trunc", "sign", "square",
+    "logical_not", "bitwise_not", "isnan", "isinf", "isfinite", "sigmoid", "relu", "erf", "silu", "mish",
+    "hardswish", "hardsigmoid", "gelu", "elu", "leaky_relu", "softplus", "add", "sub", "rsub", "mul", "div",
+    "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "remainder", "hypot", "fmod", "__lshift__", "__rshift__",
+    "bitwise_left_shift", "bitwise_right_shift", "pow", "where", "clamp", "clamp_min", "clamp_max", "masked_fill",
+    "_to_copy", "to", "clone", "alias", "detach", "contiguous", "lift_fresh_copy", "copy", "copy_", "full_like",
+    "bernoulli",
+    # layout: the batch axis moves, its rows stay whole (the shape check below sees where it went)
+    "permute", "transpose", "t", "unsqueeze", "squeeze", "expand", "stack",
+})
+
+#: operators whose dim argument names the axes they combine elements along: (position, keyword, default), the
+#: default ``"all"`` where None or an empty list means every axis
+_AXIS_ARGS: dict[str, tuple[int | None, str, Any]] = {
+    **{op: (1, "dim", "all") for op in (
+        "aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default", "aten.any.dim",
+        "aten.any.dims", "aten.all.dim", "aten.all.dims", "aten.argmax.default", "aten.argmin.default",
+        "aten.var.dim", "aten.var.correction", "aten.var_mean.correction", "aten.logsumexp.default",
+        "aten.prod.dim_int", "aten.max.dim", "aten.min.dim", "aten.median.dim", "aten.nanmedian.dim",
+        "aten.cumsum.default", "aten._softmax.default", "aten._log_softmax.default", "aten.select.int",
+        "aten.index_select.default", "aten.gather.default", "aten.scatter.value")},
+    "aten.unbind.int": (1, "dim", 0), "aten.cat.default": (1, "dim", 0),
+    "aten.sort.default": (1, "dim", -1), "aten.sort.stable": (None, "dim", -1),
+    "aten.argsort.default": (1, "dim", -1), "aten.argsort.stable": (None, "dim", -1),
+    "aten.topk.default": (2, "dim", -1), "aten.kthvalue.default": (2, "dim", -1),
+    "aten.split.Tensor": (2, "dim", 0), "aten.split_with_sizes.default": (2, "dim", 0),
+    "aten.slice_scatter.default": (2, "dim", 0),
+}
+
+#: operators that take the batch size (a ``sym_size`` of the batch axis, or arithmetic on it) as a shape
+_SIZED = frozenset({"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.expand.default",
+                    "aten.zeros.default", "aten.full.default", "aten.empty.memory_format", "aten.new_zeros.default"})
+_RESHAPES = frozenset({"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"})
+_REDUCED_TAIL = {"aten.max_pool2d_with_indices.default": 2, "aten.avg_pool2d.default": 2,
+                 "aten._adaptive_avg_pool2d.default": 2, "aten.tril.default": 2, "aten.triu.default": 2}
+
+
+def _batch_coefficient(expr: str) -> int | None:
+    """``k`` where ``expr`` is ``k * symbol`` (``"s0"``, ``"16*s0"``), else None (``"s0 - 1"``, ``"s0**2"``)."""
+    import ast
+
+    def coef(e: ast.AST) -> int | None:
+        if isinstance(e, ast.Name):
+            return 1
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            for a, b in ((e.left, e.right), (e.right, e.left)):
+                if isinstance(a, ast.Constant) and isinstance(a.value, int) and a.value > 0:
+                    c = coef(b)
+                    return None if c is None else a.value * c
+        return None
+
+    try:
+        return coef(ast.parse(expr, mode="eval").body)
+    except SyntaxError:
+        return None
+
+
+def _axis_arg(node: dict, pos: int | None, key: str, default: Any) -> Any:
+    args, kwargs = node["args"], node["kwargs"]
+    if key in kwargs:
+        return kwargs[key]
+    if pos is not None and len(args) > pos:
+        return args[pos]
+    return default
+
+
+def rows_mixed(graph: "Graph") -> str | None:
+    """The first node whose result mixes rows of the batch (a reduction over it, a scan or sort along it, a
+    product contracting it, a slice of it, an operator this check cannot vouch for), or None: every row of
+    every value reads the same row of the inputs only, and the pass may run on slices of the batch.
+
+    Each value's batch axes are the axes of its recorded shape that carry the batch symbol, for the values that
+    read a batched input (or the batch size) at all; the rest are the same for every row."""
+    batched: dict[str, list[int] | None] = {}  # name -> batch axes (None: a tuple of values)
+    exprs: dict[str, set[str]] = {}  # name -> the batch expressions of the values it holds
+    sizes: set[str] = set()  # the sizes computed from the batch size
+    for i in graph.inputs:
+        shape = i["shape"]
+        if shape and isinstance(shape[0], str):
+            batched[i["name"]] = [0]
+            exprs[i["name"]] = {shape[0]}
+    for n in graph.nodes:
+        op, name, reads = n["op"], n["name"], _reads(n)
+        tensors = [r for r in reads if r in batched]
+        symbolic = [r for r in reads if r in sizes]
+        if op.startswith("_operator.") and op != "_operator.getitem" or op == "aten.sym_size.int":
+            if tensors and op == "aten.sym_size.int":
+                axis = n["args"][1] if len(n["args"]) > 1 else n["kwargs"].get("dim")
+                ndim = len(_shape_of(graph, n["args"][0]["ref"]) or [])
+                if isinstance(axis, int) and ndim and axis % ndim in (batched[tensors[0]] or [0]):
+                    sizes.add(name)
+            elif tensors:
+                return name
+            elif symbolic:
+                sizes.add(name)
+            continue
+        if not tensors and not symbolic:
+            continue
+        if symbolic and op not in _SIZED:
+            return name  # the batch size as a value (arange over it, x / x.shape[0]): a slice's is not the batch's
+        shape = n.get("shape")
+        if op == "_operator.getitem":
+            if not isinstance(shape, list):
+                return name
+            axes = [k for k, d in enumerate(shape) if isinstance(d, str)]
+            if len(axes) != 1 or not {shape[axes[0]]} <= exprs[tensors[0]]:
+                return name
+            batched[name], exprs[name] = axes, {shape[axes[0]]}
+            continue
+        if any(batched[r] is None for r in tensors):
+            return name  # a tuple read other than by getitem
+        base = op.split(".")[1] if op.startswith("aten.") else op
+        held = {r: batched[r] for r in tensors}
+        first = n["args"][0] if n["args"] else None
+        first = first["ref"] if isinstance(first, dict) and "ref" in first else None
+        if first is None and n["args"] and isinstance(n["args"][0], list) and _refs(n["args"][0]):
+            ndim = len(_shape_of(graph, _refs(n["args"][0])[0]) or [])  # cat: its tensors' rank
+        else:
+            ndim = len(_shape_of(graph, first) or []) if first else 0
+        if op in _AXIS_ARGS:
+            dims = _axis_arg(n, *_AXIS_ARGS[op])
+            if dims is None or dims == "all" or dims == []:
+                return name
+            dims = {d % max(ndim, 1) for d in (dims if isinstance(dims, list) else [dims])}
+            if op == "aten.cat.default":
+                mixed = any(set(held[r]) & dims for r in held)
+            else:
+                mixed = first in held and set(held[first]) & dims
+                if op in ("aten.gather.default", "aten.scatter.value"):
+                    mixed = mixed or any(set(a) & dims for a in held.values())
+            if mixed:
+                return name
+        elif op == "aten.slice.Tensor":
+            dim = _axis_arg(n, 1, "dim", 0) % max(ndim, 1)
+            start, end, step = (_axis_arg(n, k, key, d) for k, key, d in ((2, "start", None), (3, "end", None),
+                                                                         (4, "step", 1)))
+            whole = start in (None, 0) and (end is None or (isinstance(end, int) and end >= 1 << 62)) and step == 1
+            if first in held and dim in held[first] and not whole:
+                return name
+        elif op in _REDUCED_TAIL:
+            if first not in held or any(r != first for r in held) or max(held[first]) >= ndim - _REDUCED_TAIL[op]:
+                return name
+        elif op == "aten.constant_pad_nd.default":
+            if first not in held or len(held) > 1 or max(held[first]) >= ndim - len(n["args"][1]) // 2:
+                return name
+        elif op == "aten.native_layer_norm.default":
+            if first not in held or len(held) > 1 or max(held[first]) >= ndim - len(n["args"][1]):
+                return name
+        elif op in ("aten._native_batch_norm_legit_no_training.default", "aten.convolution.default"):
+            if held != {first: [0]}:  # per row: the statistics and weights are the model's, none of them batched
+                return name
+        elif op == "aten.embedding.default":
+            if n["args"][0].get("ref") in held:
+                return name
+        elif op == "aten.index.Tensor":
+            index = n["args"][1]
+            if first in held and (held[first] != [0] or (index and index[0] is not None)
+                                  or any(r in held for r in _refs(index))):
+                return name
+        elif op in ("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.addmm.default",
+                    "aten.baddbmm.default"):
+            a, b = (n["args"][1:3] if op in ("aten.addmm.default", "aten.baddbmm.default") else n["args"][:2])
+            for operand, contracted in ((a, lambda k: k - 1), (b, lambda k: k - 2 if k >= 2 else 0)):
+                r = operand.get("ref") if isinstance(operand, dict) else None
+                k = len(_shape_of(graph, r) or []) if r else 0
+                if r in held and contracted(k) in held[r]:
+                    return name
+        elif op in _RESHAPES:
+            pass  # checked on its shape below
+        elif base not in _ELEMENTWISE and op not in _SIZED:
+            return name  # an operator this check does not know: not vouched for
+        if not isinstance(shape, list):
+            if op in _AXIS_ARGS or op in _REDUCED_TAIL or op == "aten.native_layer_norm.default" or \
+                    op == "aten._native_batch_norm_legit_no_training.default":
+                batched[name] = None  # a tuple: its getitems are checked
+                exprs[name] = set().union(*(exprs[r] for r in tensors)) if tensors else set()
+                continue
+            return name
+        axes = [k for k, d in enumerate(shape) if isinstance(d, str)]
+        if len(axes) != 1 or _batch_coefficient(shape[axes[0]]) is None:
+            return name  # the batch gone (a reduction or contraction over it), doubled, or its size changed
+        mine = shape[axes[0]]
+        before = set().union(*(exprs[r] for r in tensors)) if tensors else set()
+        if op in _RESHAPES:
+            # a reshape keeps rows whole when the axes before the batch hold as many elements before and after it
+            # ([s, 16, 32] <-> [16*s, 32], [5, s, 8] <-> [5, 2*s, 4]; never [s, 6] -> [2, 3*s])
+            ahead = [_shape_of(graph, r)[:held[r][0]] for r in held] + [shape[:axes[0]]]
+            if any(not all(isinstance(d, int) for d in a) for a in ahead) or len({math.prod(a) for a in ahead}) > 1:
+                return name
+        elif tensors and mine not in before:
+            return name  # the batch axis's size changed (x[1:], a pad, a cat along it)
+        batched[name], exprs[name] = axes, {mine}
+    return None
+
+
+def _shape_of(graph: "Graph", name: str | None) -> list | None:
+    if name is None:
+        return None
+    shapes = graph.__dict__.get("_shapes")
+    if shapes is None:
+        shapes = {i["name"]: i["shape"] for i in graph.inputs}
+        shapes.update({k: v["shape"] for k, v in graph.constant_specs.items()})
+        shapes.update({n["name"]: n.get("shape") for n in graph.nodes})
+        graph.__dict__["_shapes"] = shapes
+    return shapes.get(name)
+
+
 class Stage(NamedTuple):
     """One stage of a pass cut for volunteers' memory (:meth:`Graph.stage_plan`): the names of its ``nodes``,
     in order; what it reads (``inputs``: the call's inputs, the model's arrays, earlier stages' values); which
@@ -1008,7 +1228,7 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
     if any(share_cap(n, "parameters") is not None for n in lab):
         return 0
     if slices is not None:
-        return int(slices)
+        return _rows_kept(graph, int(slices))
     outputs = [n for n in graph.nodes if n["name"] in set(_refs(list(graph.outputs)))]
     if not any(batched) or not all(n.get("shape") and isinstance(n["shape"][0], str) for n in outputs):
         return 1
@@ -1018,4 +1238,14 @@ def stage_slices(graph: Graph, env: Mapping[str, Any], slices: int | None = None
         cap = share_cap(int(np.prod(s))) if b else None
         if cap:
             need = max(need, math.ceil(int(np.prod(s)) / cap))
-    return int(max(1, min(batch, max(threads, need))))
+    return _rows_kept(graph, int(max(1, min(batch, max(threads, need)))))
+
+
+def _rows_kept(graph: Graph, slices: int) -> int:
+    """``slices``, or 1 where a node of ``graph`` mixes rows of the batch (a slice's ``x.mean(0)`` or
+    ``x.cumsum(0)`` is not the batch's): one stage task for the whole batch is always right."""
+    if slices > 1 and graph.rows_mixed() is not None:
+        logger.info("the captured graph runs as one stage task, not on slices of the batch: node %r mixes rows",
+                    graph.rows_mixed())
+        return 1
+    return slices
