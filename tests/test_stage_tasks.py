@@ -308,6 +308,104 @@ def test_a_captured_gpt_runs_as_stage_tasks_on_the_grid(stage_grid):
     assert after["rejected"] == before["rejected"]
 
 
+class _Rows(torch.nn.Module):
+    """A model made of one function of its input."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _bn_train():
+    torch.manual_seed(3)  # BatchNorm1d with the batch's statistics (train mode; track_running_stats=False: no buffers)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4, track_running_stats=False)).train()
+
+
+#: models whose rows mix along the batch: a slice of the batch computes other numbers than the whole batch
+_MIXING = {
+    "cumsum": lambda: _Rows(lambda x: x.cumsum(0)),
+    "centered": lambda: _Rows(lambda x: x - x.mean(0, keepdim=True)),
+    "gram": lambda: _Rows(lambda x: x @ (x.T @ x)),
+    "batchnorm-train": _bn_train,
+    "sort": lambda: _Rows(lambda x: x.sort(0).values),
+    "softmax-over-batch": lambda: _Rows(lambda x: x.softmax(0)),
+    "batch-size": lambda: _Rows(lambda x: x / x.shape[0]),
+    "arange-over-batch": lambda: _Rows(lambda x: x + torch.arange(x.shape[0])[:, None]),
+    "cat-along-batch": lambda: _Rows(lambda x: torch.cat([x, x]).amax(0, keepdim=True) + x),
+    "outer": lambda: _Rows(lambda x: (x[:, None, 0] * x[None, :, 0]).sum(1)),
+    "first-rows": lambda: _Rows(lambda x: x @ (x[:2].T @ x[:2])),
+}
+
+#: models whose rows stay whole: attention within a row's sequence, per-row norms, BatchNorm in eval mode
+_KEEPING = {
+    "gpt": lambda: (gpt(64, 32, 2, 16, 2), torch.as_tensor(np.random.default_rng(2).integers(0, 64, (3, 16)))),
+    "mlp": lambda: (torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).eval(),
+                    torch.randn(4, 3)),
+    "cnn": lambda: (torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                        torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                        torch.nn.Linear(36, 5), torch.nn.Softmax(-1)).eval(), torch.randn(4, 3, 6, 6)),
+    "row-ops": lambda: (_Rows(lambda x: (x - x.mean(1, keepdim=True)).sort(1).values.cumsum(-1).softmax(1)
+                              @ torch.full((3, 3), 0.5) + torch.cat([x, x], 1)[:, :3]), torch.randn(4, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MIXING))
+def test_a_graph_that_mixes_rows_of_the_batch_says_which_node(name):
+    import goblin_dask
+
+    graph = goblin_dask.capture(_MIXING[name](), (torch.randn(4, 3),))
+    assert isinstance(graph.inputs[0]["shape"][0], str)  # a batch of any size: it could be sliced
+    assert graph.rows_mixed() is not None
+
+
+@pytest.mark.parametrize("name", sorted(_KEEPING))
+def test_a_graph_that_keeps_rows_whole_may_be_sliced(name):
+    import goblin_dask
+
+    model, x = _KEEPING[name]()
+    graph = goblin_dask.capture(model, (x,))
+    assert isinstance(graph.inputs[0]["shape"][0], str)
+    assert graph.rows_mixed() is None
+
+
+def _program_tasks(out) -> int:
+    outs = out if isinstance(out, tuple) else (out,)
+    dsk = {k: v for o in outs for k, v in dict(o.__dask_graph__()).items()}
+    return sum(isinstance(v, CatalogTask) and v.op.name == "program" for v in dsk.values())
+
+
+@pytest.mark.slow
+def test_a_model_mixing_rows_of_the_batch_gives_torchs_numbers_on_volunteers(stage_grid):
+    """A graph whose rows mix along the batch (a cumulative sum, a centring, a product over the batch, BatchNorm's
+    batch statistics, a sort along it) is one stage task for the whole batch, never one per slice: each slice's
+    statistics are not the batch's.  Those with rows whole still get a slice per volunteer thread."""
+    import goblin_dask
+
+    x = np.random.default_rng(11).standard_normal((8, 3)).astype(np.float32)
+    for name in ("cumsum", "centered", "gram", "batchnorm-train", "sort"):
+        model = _MIXING[name]()
+        graph = goblin_dask.capture(model, (torch.randn(4, 3),))
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        out = graph(x)
+        assert _program_tasks(out) == 1, name  # one stage task on a volunteer, the whole batch
+        np.testing.assert_allclose(out.compute(), want, rtol=1e-5, atol=1e-5, err_msg=name)
+        out = graph(x, slices=2)  # slices asked for: still one, the numbers are torch's
+        assert _program_tasks(out) == 1, name
+        np.testing.assert_allclose(out.compute(), want, rtol=1e-5, atol=1e-5, err_msg=name)
+    for name in ("mlp", "row-ops"):
+        model, _ = _KEEPING[name]()
+        graph = goblin_dask.capture(model, (torch.randn(4, 3),))
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        out = graph(x)
+        assert _program_tasks(out) == 2, name  # one per volunteer thread, each a slice of the batch
+        np.testing.assert_allclose(out.compute(), want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def _program_depth(dsk: dict) -> int:
     """The longest chain of program tasks in ``dsk``: the lab -> volunteer -> lab trips one after another."""
     programs = {k for k, v in dsk.items() if isinstance(v, CatalogTask) and v.op.name == "program"}
