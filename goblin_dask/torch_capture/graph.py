@@ -331,7 +331,11 @@ class Graph:
         """The first node that mixes rows of the batch (:func:`rows_mixed`), or None: the pass may run on slices
         of the batch (found once per graph)."""
         if "_rows_mixed" not in self.__dict__:
-            self.__dict__["_rows_mixed"] = rows_mixed(self)
+            try:
+                self.__dict__["_rows_mixed"] = rows_mixed(self)
+            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # an IR it cannot read
+                logger.info("cannot tell whether the captured graph keeps rows whole (%s): one slice", e)
+                self.__dict__["_rows_mixed"] = "(unreadable)"
         return self.__dict__["_rows_mixed"]
 
     def _draws_random(self) -> bool:
@@ -1005,7 +1009,10 @@ def rows_mixed(graph: "Graph") -> str | None:
             dims = _axis_arg(n, *_AXIS_ARGS[op])
             if dims is None or dims == "all" or dims == []:
                 return name
-            dims = {d % max(ndim, 1) for d in (dims if isinstance(dims, list) else [dims])}
+            dims = dims if isinstance(dims, list) else [dims]
+            if not all(isinstance(d, int) for d in dims):
+                return name
+            dims = {d % max(ndim, 1) for d in dims}
             if op == "aten.cat.default":
                 mixed = any(set(held[r]) & dims for r in held)
             else:
