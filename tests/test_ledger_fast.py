@@ -237,6 +237,50 @@ def test_a_replica_disagreement_is_decided_by_the_lab_against_the_cheater(tmp_pa
     run_lab(tmp_path, body, volunteers=("bob",))
 
 
+def test_a_replica_computed_again_before_the_lab_released_it_blames_the_volunteer_whose_bytes_were_compared(
+        tmp_path, monkeypatch):
+    """Mallory's (wrong) replica is in the lab worker's hands when mallory is banned, and the replica, still
+    wanted, is computed again by an honest volunteer, whom the scheduler then names as its computer: the
+    disagreement is mallory's, never the honest one's (the lab worker notes whom it read the bytes from)."""
+    import distributed
+    from distributed.utils import sync
+
+    raced = []
+    release = distributed.Future.release
+
+    async def body(lab):
+        await lab.add_volunteer("mallory", cls=cheating_worker())
+
+        def release_after_a_recomputation(future, *args, **kwargs):
+            key = future.key
+            if not raced and is_unverified_key(key) and lab.ledger._who(key) == "mallory":
+                raced.append(key)
+
+                async def recomputed_elsewhere():
+                    lab.admission.ban("mallory", "tested: leaves while the lab holds its replica")
+                    await lab.wait_for(lambda: lab.ledger._who(key) not in (None, "mallory"))
+
+                sync(lab.scheduler.loop, recomputed_elsewhere)
+            return release(future, *args, **kwargs)
+
+        monkeypatch.setattr(distributed.Future, "release", release_after_a_recomputation)
+        async with lab.client() as client:
+            for seed in range(8):
+                dsk, keys, expected = random_graph(6, seed=60 + seed)
+                results = await client.gather(client.get(dsk, keys, sync=False))
+                for got, want in zip(results, expected):
+                    np.testing.assert_array_equal(got, want)
+                if raced:
+                    break
+        report = lab.ledger.report()
+        assert raced, "no replica of mallory's reached the lab worker"
+        assert any(r["volunteer"] == "mallory" and r["key"] == repr(raced[0]) for r in report["rejections"]), report
+        for name in ("alice", "bob"):
+            assert report["volunteers"][name]["rejected"] == 0, report["rejections"]
+
+    run_lab(tmp_path, body)
+
+
 def test_decide_replicates_on_another_volunteer_and_falls_back_to_the_lab(tmp_path):
     async def body(lab):
         ledger, alice = lab.ledger, lab.address_of("alice")

@@ -69,9 +69,11 @@ def _assert_banned_and_refused(node, name):
 
 
 def _assert_honest_untouched(node, honest):
-    volunteers = node.report()["volunteers"]
+    report = node.report()
+    volunteers = report["volunteers"]
     for name in honest:
-        assert volunteers[name]["rejected"] == 0 and not volunteers[name]["banned"], volunteers[name]
+        why = [r for r in report["rejections"] if r["volunteer"] == name]
+        assert volunteers[name]["rejected"] == 0 and not volunteers[name]["banned"], (volunteers[name], why)
         assert name in node.volunteer_names()
 
 

@@ -29,6 +29,7 @@ volunteer task (``"replica"``: replicate products too, for the benchmark).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Mapping
@@ -182,9 +183,11 @@ class _Check:
         self.verdicts: list[tuple[Any, str, bool, str | None]] = []
         #: the volunteer whose bytes are checked (the lab worker noted the peer it fetched them from)
         self.source = getattr(_worker(), "goblin_fetched_from", {}).get(raw_key)
+        #: replica key -> the volunteer whose bytes of it were compared (:meth:`compute_replica`)
+        self.replica_sources: dict[Any, str | None] = {}
 
     def verdict(self, key: Any, method: str, accepted: bool, reason: str = "") -> None:
-        source = self.source if key == self.raw_key else None  # a replica: the ledger knows who computed it
+        source = self.source if key == self.raw_key else self.replica_sources.get(as_key(key))
         self.verdicts.append((key, method, bool(accepted), source, reason))
 
     def run(self, result: Any, verification: Verification) -> Any:
@@ -273,10 +276,18 @@ class _Check:
         refs = self.refs or (None,) * len(self.operands)
         args = [TaskRef(as_key(r)) if r is not None else x for r, x in zip(refs, self.operands)]
         task = CatalogTask(key, replica.op, *args, placement="volunteer", **replica.params)
+        deadline = time.monotonic() + timeout
         with worker_client() as client:
             future = client.get({key: task}, key, sync=False)
             try:
-                return future.result(timeout=timeout)
+                while True:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))  # finished (or raises)
+                    fetched = client.sync(_fetch_noting_source, _worker(), client, key)
+                    if fetched is not None:
+                        value, self.replica_sources[key] = fetched
+                        return value
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("its holders did not answer the lab worker's fetch")
             except Exception as e:  # timed out, or the volunteer failed: the lab decides alone
                 logger.warning("replica %r did not come back (%s: %s)", key, type(e).__name__, e)
                 return None
@@ -302,6 +313,33 @@ class _Check:
         self.verdict(self.raw_key, method, ok_first, "" if ok_first else why + "differs from the lab's recomputation")
         self.verdict(replica_key, method, ok_second, "" if ok_second else why + "differs from the lab's recomputation")
         return result if ok_first else second if ok_second and replica.op is self.op else want
+
+
+async def _fetch_noting_source(worker, client, key) -> tuple[Any, str | None] | None:
+    """``key``'s value and the address of the worker it was read from (None: this lab worker), or None
+    when none of its holders gave it (lost meanwhile: it is computed again).
+
+    A replica's verdict blames the volunteer whose bytes were compared, as a first result's does (the
+    lab worker notes the peer in ``gather_dep``).  Who the scheduler says computed the key is not
+    enough: when the volunteer that computed it is banned while the lab compares, the key is
+    recomputed by another, which the scheduler then names.
+    """
+    from distributed.worker import get_data_from_worker
+
+    answer = await client.scheduler.who_has(keys=[key])
+    holders = next((list(h or ()) for k, h in answer.items() if as_key(k) == key), [])
+    if worker.address in holders and key in worker.data:
+        return worker.data[key], None
+    for holder in holders:
+        try:
+            response = await get_data_from_worker(worker.rpc, [key], holder, who=worker.address)
+        except (OSError, ValueError) as e:
+            logger.info("could not fetch replica %r from %s (%s)", key, holder, e)
+            continue
+        if response.get("status") == "OK" and key in response.get("data", {}):
+            return response["data"][key], holder
+    await asyncio.sleep(0.05)
+    return None
 
 
 class _Replica:
