@@ -57,6 +57,33 @@ def test_report_is_served_over_http(lab):
 
 
 @pytest.mark.slow
+def test_the_lab_worker_and_volunteers_run_distributeds_monitors_at_the_grids_quiet_intervals(lab):
+    """The event-loop monitor every 500 ms, not 20 ms (most of an idle process's CPU), the system monitor
+    every 2 s; what each volunteer reports in its heartbeats, and the lab worker's own callbacks."""
+    worker = lab.lab_worker_address()
+    tick, monitor = lab.client.run(lambda dask_worker: (dask_worker._tick_interval,
+                                                        dask_worker.periodic_callbacks["monitor"].callback_time),
+                                   workers=[worker])[worker]
+    assert (tick, monitor) == (0.5, 2000)
+    volunteers = set(lab.volunteer_addresses().values())
+    workers = lab.client.scheduler_info()["workers"]
+    assert volunteers <= set(workers)
+    for address in volunteers:  # the mean interval its loop was seen at: 0.5 s, and never distributed's 0.02 s
+        assert workers[address]["metrics"]["event_loop_interval"] >= 0.4, workers[address]["metrics"]
+
+
+def test_the_quiet_monitors_keep_an_interval_the_admin_set():
+    from goblin_dask.node.process import quiet_monitors
+
+    keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval")
+    with dask.config.set(dict(zip(keys, ("50ms", "500ms")))):  # (leaves this process's settings as they were)
+        quiet_monitors()
+        assert [dask.config.get(k) for k in keys] == ["50ms", "2s"]
+    with dask.config.set(dict(zip(keys, ("20ms", "1s")))):
+        quiet_monitors()
+        assert [dask.config.get(k) for k in keys] == ["500ms", "1s"]
+
+
 def test_a_volunteer_killed_mid_product_loses_nothing():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((480, 480)), rng.standard_normal((480, 480))

@@ -23,7 +23,7 @@ from distributed.worker_state_machine import (
 
 from goblin_dask import link
 from goblin_dask.node import rpc
-from goblin_dask.node.process import close_on_signals, no_spilling
+from goblin_dask.node.process import close_on_signals, no_spilling, quiet_monitors
 from goblin_dask.roles import LAB_RESOURCE, LAB_SLOTS, LAB_WORKER_NAME
 from goblin_dask.validation.checks import as_key, is_unverified_key
 
@@ -155,6 +155,7 @@ async def serve_lab_worker(address: str, credential: str, *, nthreads: int, memo
     cred = Credential.load(credential)
     link.install_lab_side()  # before the worker listens: volunteers' bytes are read as data only
     no_spilling()
+    quiet_monitors()
     # It holds the only accepted copy of every result and runs every check: pausing it when
     # memory is high would stall the grid for good (volunteers cannot take its data).
     dask.config.set({"distributed.worker.memory.pause": False})

@@ -136,12 +136,14 @@ async def _serve_node(host, port, dashboard_port, state_dir: Path, ready, lab_wo
     from goblin_dask import link
     from goblin_dask.credentials import admin_credential
     from goblin_dask.errors import PortInUseError, check_port_free
+    from goblin_dask.node.process import quiet_monitors
     from goblin_dask.tls import LabCA
 
     check_port_free(host, port, "the scheduler", "--port")  # before anything starts, named
     if dashboard_port is not None:
         check_port_free(host, dashboard_port, "the dashboard", "--dashboard-port")
     link.install_lab_side()  # before the scheduler listens: volunteers' bytes are read as data only
+    quiet_monitors()  # before the scheduler starts its periodic callbacks
     admin_credential(state_dir)  # so `goblin revoke` & co. can reach the node
     node_credential = LabCA(state_dir).issue("lab", "lab-node")
     dashboard = dashboard_port is not None

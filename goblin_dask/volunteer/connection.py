@@ -66,7 +66,7 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
     (0: any free one; None: no page, so no pause/resume); ``status_interval``: seconds between status lines;
     ``idle_threshold``: pause while other processes use this percent of the CPU or more (None: never).
     """
-    from goblin_dask.node.process import no_spilling
+    from goblin_dask.node.process import no_spilling, quiet_monitors
 
     from goblin_dask import link
 
@@ -76,6 +76,7 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
 
     VolunteerWorker = volunteer_worker_class()
     no_spilling()  # the lab's numbers never reach the volunteer's disk
+    quiet_monitors()  # the lender's CPU: no event-loop checks 50 times a second
     # No sampling profiler on a lent machine: every task is a catalog kernel (nothing to learn
     # from its stacks) and sampling busy threads every 10 ms costs the lender's CPU.
     dask.config.set({"distributed.worker.profile.enabled": False})
