@@ -12,6 +12,7 @@ import asyncio
 import os
 import ssl
 import struct
+import time
 
 import numpy as np
 import psutil
@@ -486,6 +487,28 @@ def test_volunteers_open_no_listening_socket(node):
     assert x.shape == (400, 300) and abs(float(x.mean())) < 0.05
     report = node.report()
     assert sum(report["volunteers"][n]["accepted"] for n in addresses) > 0
+
+
+def test_a_volunteer_asks_for_the_labs_endpoints_over_one_lasting_connection(monkeypatch, tmp_path):
+    """Each ask over a new connection cost the scheduler a TLS handshake per volunteer every
+    ``goblin.link.refresh`` seconds; asked every 0.2 s here, none opens a new connection to the scheduler."""
+    monkeypatch.setenv("DASK_GOBLIN__LINK__REFRESH", "0.2")
+    with LabNode.local(volunteers=1, dashboard=False, state_dir=tmp_path / "lab") as node:
+        port = _host_port(node.address)[1]
+        volunteer = psutil.Process(node.processes[next(iter(node.volunteer_addresses()))].pid)
+
+        def to_scheduler() -> set:
+            return {c.laddr for c in volunteer.net_connections(kind="tcp") if c.raddr and c.raddr[1] == port}
+
+        wait_for(lambda: len(to_scheduler()) >= 2, "the volunteer's connections to the scheduler")
+        time.sleep(1.0)  # its first asks, standby connections and registration settle
+        start, seen, asks = to_scheduler(), set(), 0
+        while asks < 300:  # about 3 s: 15 asks
+            seen |= to_scheduler()
+            asks += 1
+            time.sleep(0.01)
+        assert seen - start == set(), (start, seen)
+        _product_is_right(node, 7)  # and it still computes
 
 
 def test_a_standby_connection_under_another_name_is_refused(node):
