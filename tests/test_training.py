@@ -572,6 +572,47 @@ def test_gradients_through_sort_topk_median_kthvalue_are_torchs():
         np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+class Quantiles(nn.Module):
+    """Scores, then torch.quantile and nanquantile of them in each interpolation, a level a float or a buffer of
+    several: the gradient of each level goes to the one or two values it lies between (scatter_add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(6, 8)
+        self.register_buffer("levels", torch.tensor([0.1, 0.5, 0.9]))
+
+    def forward(self, x):
+        h = self.score(x)
+        return (torch.quantile(h, 0.3, dim=1) + torch.quantile(h, 0.75, dim=1, interpolation="nearest")
+                + torch.nanquantile(h, 0.4, dim=1, interpolation="midpoint")
+                + torch.quantile(h, self.levels, dim=1).sum(0) + torch.quantile(h, 0.6, dim=0, keepdim=True).sum()
+                + torch.quantile(h, 0.2, dim=1, interpolation="lower") * torch.quantile(h, 0.8, dim=1,
+                                                                                        interpolation="higher"))
+
+
+def test_gradients_through_quantile_and_nanquantile_are_torchs():
+    """The round's graph against torch's autograd (quantile's backward scatters into an empty_permuted tensor)."""
+    from goblin_dask.training import joint
+
+    torch.manual_seed(4)
+    model = Quantiles().train()
+    x, y = torch.randn(5, 6), torch.randn(5)
+
+    def loss_fn(out, target):
+        return ((out - target) ** 2).mean()
+
+    names = [n for n, _ in model.named_parameters()]
+    graph = joint.trace(model, loss_fn, x.numpy(), y.numpy(), names, ["levels"])
+    assert {"aten.scatter_add.default", "aten.empty_permuted.default"} <= {n["op"] for n in graph.nodes}
+    got = [o.compute(scheduler="sync") for o in graph(*(p.detach().numpy() for p in model.parameters()),
+                                                     model.levels.numpy(), x.numpy(), y.numpy())]
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    np.testing.assert_allclose(got[0], loss.item(), rtol=1e-6)
+    for name, g, p in zip(names, got[1:], model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_the_round_is_one_graph_ending_at_the_lab():
     """Per micro-batch forward+backward catalog tasks, then one task (the lab's optimizer step) that reads them all."""
     from dask._task_spec import Task

@@ -150,7 +150,12 @@ _BINARY = {
 
 
 def _binary(name: str) -> Callable:
-    return lambda ga, x, y: getattr(ga, name)(x, y)
+    def binary(ga, x, y):
+        if not isinstance(x, ga.Array) and not isinstance(y, ga.Array):  # two numbers (a backward's constants)
+            return getattr(np, name)(x, y)
+        return getattr(ga, name)(x, y)
+
+    return binary
 
 
 for _aten, _ga in _BINARY.items():
@@ -822,6 +827,28 @@ def _scatter_src(ga, x, dim, index, src):
     return ga.where(ga.any(hit, axis=dim), written, x)
 
 
+@row("aten.scatter_add.default", needs=("arange", "reshape", "equal", "where", "sum", "add"))
+def _scatter_add(ga, x, dim, index, src):
+    """``x`` plus ``src`` added at ``index`` along ``dim``, several at one position all added: the backward of
+    quantile (each level's gradient to the two values it lies between, one position when they coincide).  The same
+    m x n comparison per slice as ``scatter.src``; the hits summed in the catalog's order, where torch adds them one
+    after another (so within a rounding of torch where several land on one position, exactly where one does)."""
+    dim %= max(x.ndim, 1)
+    if x.ndim == 0 or index.ndim != x.ndim or tuple(src.shape) != tuple(index.shape) or any(
+            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
+        raise NotImplementedError(f"scatter_add of index shape {tuple(index.shape)} (src {tuple(src.shape)}) into "
+                                  f"{tuple(x.shape)} along {dim} (only index and src of x's shape but along dim "
+                                  "are mapped)")
+    n, m = x.shape[dim], index.shape[dim]
+    if m == 0:
+        return x
+    after = lambda shape: tuple(shape[:dim + 1]) + (1,) + tuple(shape[dim + 1:])  # noqa: E731  a new axis after dim
+    iota = ga.reshape(ga.arange(n, dtype=index.dtype), (1,) * (dim + 1) + (n,) + (1,) * (x.ndim - dim - 1))
+    hit = ga.equal(ga.reshape(index, after(index.shape)), iota)  # (..., m, n, ...): index i lands on position j
+    zero = np.asarray(0, dtype=np.dtype(src.dtype))[()]
+    return ga.add(x, ga.sum(ga.where(hit, ga.reshape(src, after(src.shape)), zero), axis=dim))
+
+
 @row("aten.index_put.default", needs=("one_hot", "reshape", "transpose", "matmul", "add"))
 def _index_put(ga, x, indices, values, accumulate=False):
     """``x[idx] += values`` along axis 0 (an embedding's backward) as ``x + one_hot(idx).T @ values``: a product."""
@@ -862,6 +889,14 @@ def _copy(ga, dst, src, non_blocking=False):
 @row("aten.empty.memory_format", "aten.zeros.default", "aten.new_zeros.default", needs="zeros")
 def _empty(ga, *args, dtype=None, **_ignored):
     size = args[-1]  # new_zeros(x, size): the size is last
+    return ga.zeros(tuple(int(s) for s in size), dtype=dtype or "float32")
+
+
+@row("aten.empty_permuted.default", needs="zeros")
+def _empty_permuted(ga, size, physical_layout, dtype=None, **_ignored):
+    """An uninitialised tensor of shape ``size`` whose memory runs in ``physical_layout``'s order (quantile's
+    backward makes one to scatter into): nothing may read it before writing, so zeros; a layout is no concern of
+    an array."""
     return ga.zeros(tuple(int(s) for s in size), dtype=dtype or "float32")
 
 
