@@ -84,8 +84,8 @@ VOLUNTEER_HELLO_LIMITS = {
 #: at most this many entries and bytes of text each (a path fits).  ``extra`` (startup information) has its own
 #: setting, ``goblin.admission.max-startup-information``.
 VOLUNTEER_HELLO_FIELD = (64, 4 * 2**10)
-#: A volunteer's registration is stale after this many of distributed's heartbeat intervals without one
-#: (0.5 s each up to 10 workers), and never under :data:`STALE_MIN_SECONDS`; a new connection proven by the
+#: A volunteer's registration is stale after this many of its heartbeat intervals without one
+#: (``goblin.link.heartbeat``, 2 s, or distributed's where longer), and never under :data:`STALE_MIN_SECONDS`; a new connection proven by the
 #: same certificate then replaces it (:meth:`AdmissionPlugin.stale_registration`).
 STALE_HEARTBEATS = 4
 STALE_MIN_SECONDS = 3.0
@@ -252,18 +252,16 @@ class AdmissionPlugin(SchedulerPlugin):
     def stale_registration(self, name: str, now: float | None = None) -> str | None:
         """The address of volunteer ``name``'s registration if it is stale, else None.
 
-        Stale: nothing heard from it (heartbeats) for :data:`STALE_HEARTBEATS` of distributed's heartbeat
-        intervals.  A volunteer whose link dropped and that started again is such a case: its old
+        Stale: nothing heard from it (heartbeats) for :data:`STALE_HEARTBEATS` of its heartbeat intervals
+        (:func:`goblin_dask.link.volunteer_heartbeat`).  A volunteer whose link dropped and that started again is such a case: its old
         connections are half-open at the lab (no FIN ever arrived), and its new connection, proven by the
         same certificate, replaces them (:meth:`replace_stale`) instead of waiting for
         ``goblin.link.dead-after``.  Two live agents with one credential are not stale: the second one is
         refused with "already connected" (and retries) while the first one heartbeats.
         """
-        from distributed.scheduler import heartbeat_interval
-
         now = time.time() if now is None else now
         workers = self.scheduler.workers
-        limit = max(STALE_MIN_SECONDS, STALE_HEARTBEATS * heartbeat_interval(len(workers)))
+        limit = max(STALE_MIN_SECONDS, STALE_HEARTBEATS * link.volunteer_heartbeat(len(workers)))
         for address, held in self.names.items():
             ws = workers.get(address)
             if held == name and self.roles.get(address) == "volunteer" and ws is not None \
@@ -300,6 +298,10 @@ class AdmissionPlugin(SchedulerPlugin):
                 self.refusals.append({"address": str(address)[:200], "reason": reason})
                 logger.warning("refused a heartbeat of volunteer %s: %s", peer[1], reason)
                 raise PermissionError(f"goblin lab node: {reason}")
+            answer = self._heartbeat(address=address, **kwargs)
+            if isinstance(answer, dict) and "heartbeat-interval" in answer:  # the volunteer's next one, then
+                answer["heartbeat-interval"] = link.volunteer_heartbeat(len(self.scheduler.workers))
+            return answer
         return self._heartbeat(address=address, **kwargs)
 
     def refuse_set_resources(self, *args, **kwargs):

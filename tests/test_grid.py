@@ -72,6 +72,25 @@ def test_the_lab_worker_and_volunteers_run_distributeds_monitors_at_the_grids_qu
         assert workers[address]["metrics"]["event_loop_interval"] >= 0.4, workers[address]["metrics"]
 
 
+def test_a_volunteer_heartbeats_every_goblin_link_heartbeat_seconds_not_distributeds_half_second(lab):
+    """Each heartbeat costs the scheduler about 1 ms: a volunteer's come every 2 s (``goblin.link.heartbeat``) on a
+    grid where distributed asks every 0.5 s; the lab worker keeps distributed's."""
+    import time
+
+    from goblin_dask.link import volunteer_heartbeat
+
+    assert volunteer_heartbeat(3) == 2.0 and volunteer_heartbeat(1000) == 6.0  # distributed's where longer
+    volunteer = next(iter(lab.volunteer_addresses().values()))
+    beats, worker_beats, t0 = set(), set(), time.monotonic()
+    while time.monotonic() - t0 < 6.0:  # sampled 10 times a second: about 3 heartbeats, not 12
+        workers = lab.client.scheduler_info()["workers"]
+        beats.add(workers[volunteer]["last_seen"])
+        worker_beats.add(workers[lab.lab_worker_address()]["last_seen"])
+        time.sleep(0.1)
+    assert 2 <= len(beats) <= 5, sorted(beats)
+    assert len(worker_beats) >= 8, sorted(worker_beats)
+
+
 def test_the_quiet_monitors_keep_an_interval_the_admin_set():
     from goblin_dask.node.process import quiet_monitors
 
