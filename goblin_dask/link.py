@@ -767,6 +767,7 @@ class SilentVolunteers:
 
         self.scheduler, self.admission = scheduler, admission
         self.dead_after = dead_after()
+        volunteer_heartbeat(0)  # a bad goblin.link.heartbeat stops the node at its start, not at every heartbeat
         self.interval = self.dead_after / 4
         self.removed: list[dict[str, Any]] = []  # {"name", "address", "silent"}: the latest ones
         self.heard_since = time.time()  # silence is counted from no earlier than this (the last stall's end)

@@ -91,6 +91,12 @@ def test_a_volunteer_heartbeats_every_goblin_link_heartbeat_seconds_not_distribu
     assert len(worker_beats) >= 8, sorted(worker_beats)
 
 
+def test_a_bad_heartbeat_setting_stops_the_node_at_its_start_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DASK_GOBLIN__LINK__HEARTBEAT", "0")
+    with pytest.raises(LabNodeStartError, match=r"goblin\.link\.heartbeat must be between 0 and 60 seconds, got 0\.0"):
+        LabNode.local(volunteers=0, state_dir=tmp_path / "lab", timeout=60)
+
+
 def test_the_quiet_monitors_keep_an_interval_the_admin_set():
     from goblin_dask.node.process import quiet_monitors
 
