@@ -803,50 +803,51 @@ def _scatter_value(ga, x, dim, index, value):
     return ga.where(ga.equal(iota, index), np.asarray(value, dtype=x.dtype)[()], x)
 
 
-@row("aten.scatter.src", needs=("arange", "reshape", "equal", "where", "max", "any"))
-def _scatter_src(ga, x, dim, index, src):
-    """``x`` with ``src`` written at ``index`` along ``dim``: the backward of sort, topk, kthvalue and median (their
-    indices, distinct in each slice).  Each slice's m indices against the n positions (an m x n comparison per
-    slice): position j takes the ``src`` value whose index is j, or keeps ``x``'s; where several name j (torch
-    then picks one of them, unspecified which), the largest of them."""
-    dim %= max(x.ndim, 1)
+def _scatter_hits(ga, what: str, x, dim: int, index, src):
+    """``(hit, spread_src)`` of a scatter along ``dim``, or None when ``index`` is empty: ``hit`` (..., m, n, ...)
+    says index i of each slice lands on position j (an m x n comparison per slice), ``spread_src`` is ``src`` with
+    the same new axis after ``dim``."""
     if x.ndim == 0 or index.ndim != x.ndim or tuple(src.shape) != tuple(index.shape) or any(
             index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
-        raise NotImplementedError(f"scatter of index shape {tuple(index.shape)} (src {tuple(src.shape)}) into "
+        raise NotImplementedError(f"{what} of index shape {tuple(index.shape)} (src {tuple(src.shape)}) into "
                                   f"{tuple(x.shape)} along {dim} (only index and src of x's shape but along dim "
                                   "are mapped)")
     n, m = x.shape[dim], index.shape[dim]
     if m == 0:
-        return x
+        return None
     after = lambda shape: tuple(shape[:dim + 1]) + (1,) + tuple(shape[dim + 1:])  # noqa: E731  a new axis after dim
     iota = ga.reshape(ga.arange(n, dtype=index.dtype), (1,) * (dim + 1) + (n,) + (1,) * (x.ndim - dim - 1))
-    hit = ga.equal(ga.reshape(index, after(index.shape)), iota)  # (..., m, n, ...): index i lands on position j
+    return ga.equal(ga.reshape(index, after(index.shape)), iota), ga.reshape(src, after(src.shape))
+
+
+@row("aten.scatter.src", needs=("arange", "reshape", "equal", "where", "max", "any"))
+def _scatter_src(ga, x, dim, index, src):
+    """``x`` with ``src`` written at ``index`` along ``dim``: the backward of sort, topk, kthvalue and median (their
+    indices, distinct in each slice).  Position j takes the ``src`` value whose index is j, or keeps ``x``'s; where
+    several name j (torch then picks one of them, unspecified which), the largest of them."""
+    dim %= max(x.ndim, 1)
+    found = _scatter_hits(ga, "scatter", x, dim, index, src)
+    if found is None:
+        return x
+    hit, spread = found
     dt = np.dtype(src.dtype)
     lowest = -np.inf if dt.kind == "f" else np.iinfo(dt).min if dt.kind in "iu" else False
-    written = ga.max(ga.where(hit, ga.reshape(src, after(src.shape)), np.asarray(lowest, dtype=dt)[()]), axis=dim)
+    written = ga.max(ga.where(hit, spread, np.asarray(lowest, dtype=dt)[()]), axis=dim)
     return ga.where(ga.any(hit, axis=dim), written, x)
 
 
 @row("aten.scatter_add.default", needs=("arange", "reshape", "equal", "where", "sum", "add"))
 def _scatter_add(ga, x, dim, index, src):
     """``x`` plus ``src`` added at ``index`` along ``dim``, several at one position all added: the backward of
-    quantile (each level's gradient to the two values it lies between, one position when they coincide).  The same
-    m x n comparison per slice as ``scatter.src``; the hits summed in the catalog's order, where torch adds them one
-    after another (so within a rounding of torch where several land on one position, exactly where one does)."""
+    quantile (each level's gradient to the two values it lies between, one position when they coincide).  The hits
+    summed in the catalog's order, where torch adds them one after another (so within a rounding of torch where
+    several land on one position, exactly where one does)."""
     dim %= max(x.ndim, 1)
-    if x.ndim == 0 or index.ndim != x.ndim or tuple(src.shape) != tuple(index.shape) or any(
-            index.shape[d] != x.shape[d] for d in range(x.ndim) if d != dim):
-        raise NotImplementedError(f"scatter_add of index shape {tuple(index.shape)} (src {tuple(src.shape)}) into "
-                                  f"{tuple(x.shape)} along {dim} (only index and src of x's shape but along dim "
-                                  "are mapped)")
-    n, m = x.shape[dim], index.shape[dim]
-    if m == 0:
+    found = _scatter_hits(ga, "scatter_add", x, dim, index, src)
+    if found is None:
         return x
-    after = lambda shape: tuple(shape[:dim + 1]) + (1,) + tuple(shape[dim + 1:])  # noqa: E731  a new axis after dim
-    iota = ga.reshape(ga.arange(n, dtype=index.dtype), (1,) * (dim + 1) + (n,) + (1,) * (x.ndim - dim - 1))
-    hit = ga.equal(ga.reshape(index, after(index.shape)), iota)  # (..., m, n, ...): index i lands on position j
-    zero = np.asarray(0, dtype=np.dtype(src.dtype))[()]
-    return ga.add(x, ga.sum(ga.where(hit, ga.reshape(src, after(src.shape)), zero), axis=dim))
+    hit, spread = found
+    return ga.add(x, ga.sum(ga.where(hit, spread, np.asarray(0, dtype=np.dtype(src.dtype))[()]), axis=dim))
 
 
 @row("aten.index_put.default", needs=("one_hot", "reshape", "transpose", "matmul", "add"))
