@@ -725,26 +725,32 @@ def dead_after() -> float:
     return value
 
 
-def volunteer_heartbeat(workers: int) -> float:
-    """Seconds between a volunteer's heartbeats on a grid of ``workers`` workers: ``goblin.link.heartbeat``, or
-    distributed's own interval where that is longer (0.5 s up to 10 workers, ..., n/200 + 1 s above 200).
+def heartbeat() -> float:
+    """``goblin.link.heartbeat``: seconds between a volunteer's heartbeats (read once, at the node's start)."""
+    value = float(settings.get("goblin.link.heartbeat"))
+    if not 0.0 < value <= 60.0:
+        raise ValueError(f"goblin.link.heartbeat must be between 0 and 60 seconds, got {value}")
+    return value
+
+
+def volunteer_heartbeat(workers: int, beat: float | None = None) -> float:
+    """Seconds between a volunteer's heartbeats on a grid of ``workers`` workers: ``beat`` (default
+    :func:`heartbeat`), or distributed's own interval where that is longer (0.5 s up to 10 workers, ...,
+    n/200 + 1 s above 200).
 
     Each heartbeat costs the scheduler about 1 ms of CPU (measured: 2.1 ms/s per idle volunteer at distributed's
     0.5 s); a volunteer's state changes (paused, tasks done) travel on its stream, not in heartbeats, so a
     slower beat only makes a silent one noticed later, which ``dead-after`` bounds anyway."""
     from distributed.scheduler import heartbeat_interval
 
-    value = float(settings.get("goblin.link.heartbeat"))
-    if not 0.0 < value <= 60.0:
-        raise ValueError(f"goblin.link.heartbeat must be between 0 and 60 seconds, got {value}")
-    return max(value, heartbeat_interval(workers))
+    return max(heartbeat() if beat is None else beat, heartbeat_interval(workers))
 
 
-def silence_limit(dead_after_s: float, workers: int) -> float:
+def silence_limit(dead_after_s: float, workers: int, beat: float) -> float:
     """Seconds of silence that make a volunteer gone: ``dead_after_s``, and never under three of its
     heartbeat intervals (:func:`volunteer_heartbeat`): a large lab's volunteers heartbeat less often, and
     are not dead for it."""
-    return max(float(dead_after_s), 3 * volunteer_heartbeat(workers))
+    return max(float(dead_after_s), 3 * volunteer_heartbeat(workers, beat))
 
 
 class SilentVolunteers:
@@ -767,7 +773,6 @@ class SilentVolunteers:
 
         self.scheduler, self.admission = scheduler, admission
         self.dead_after = dead_after()
-        volunteer_heartbeat(0)  # a bad goblin.link.heartbeat stops the node at its start, not at every heartbeat
         self.interval = self.dead_after / 4
         self.removed: list[dict[str, Any]] = []  # {"name", "address", "silent"}: the latest ones
         self.heard_since = time.time()  # silence is counted from no earlier than this (the last stall's end)
@@ -780,7 +785,7 @@ class SilentVolunteers:
         """Connected volunteers past the limit: address -> seconds since their last heartbeat."""
         now = time.time() if now is None else now
         workers = self.scheduler.workers
-        limit = silence_limit(self.dead_after, len(workers))
+        limit = silence_limit(self.dead_after, len(workers), self.admission.heartbeat)
         found = {}
         pace = _read_rate
         for address in self.admission.volunteers():
@@ -910,13 +915,7 @@ class NatListener(Listener):
                     if comm is None or comm.closed():
                         comm = await connect(self.lab, timeout=10, **self.dial)
                     await comm.write({"op": rpc.LINK_ENDPOINTS, "reply": True})
-                    found = await asyncio.wait_for(comm.read(), 10)
-                    if isinstance(found, (list, tuple)):
-                        wanted = {e for e in found[:16] if isinstance(e, str) and e.startswith("tls://")} | {self.lab}
-                        for endpoint in wanted:
-                            self._keep(endpoint)
-                        for endpoint in set(self.keepers) - wanted:
-                            self.keepers.pop(endpoint).cancel()
+                    self._follow(await asyncio.wait_for(comm.read(), 10))
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
@@ -928,6 +927,16 @@ class NatListener(Listener):
         finally:
             if comm is not None:
                 comm.abort()
+
+    def _follow(self, found: Any) -> None:
+        """Keep standby connections at the endpoints the scheduler named (at most 16, TLS only), and at it."""
+        if not isinstance(found, (list, tuple)):
+            return
+        wanted = {e for e in found[:16] if isinstance(e, str) and e.startswith("tls://")} | {self.lab}
+        for endpoint in wanted:
+            self._keep(endpoint)
+        for endpoint in set(self.keepers) - wanted:
+            self.keepers.pop(endpoint).cancel()
 
     async def _keep_standby(self, endpoint: str) -> None:
         """Keep ``goblin.link.standby`` connections parked at ``endpoint``."""

@@ -85,8 +85,8 @@ VOLUNTEER_HELLO_LIMITS = {
 #: setting, ``goblin.admission.max-startup-information``.
 VOLUNTEER_HELLO_FIELD = (64, 4 * 2**10)
 #: A volunteer's registration is stale after this many of its heartbeat intervals without one
-#: (``goblin.link.heartbeat``, 2 s, or distributed's where longer), and never under :data:`STALE_MIN_SECONDS`; a new connection proven by the
-#: same certificate then replaces it (:meth:`AdmissionPlugin.stale_registration`).
+#: (``goblin.link.heartbeat``, 2 s, or distributed's where longer), and never under :data:`STALE_MIN_SECONDS`;
+#: a new connection proven by the same certificate then replaces it (:meth:`AdmissionPlugin.stale_registration`).
 STALE_HEARTBEATS = 4
 STALE_MIN_SECONDS = 3.0
 #: Refusals kept for the report (the oldest are dropped first; the log keeps every one).
@@ -176,6 +176,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.calls = CallBudget()
         #: stale registrations replaced by their volunteer's new connection: {"name", "old", "new", "silent"}
         self.replaced: deque[dict[str, Any]] = deque(maxlen=REFUSALS_KEPT)
+        #: ``goblin.link.heartbeat``, read (and a bad value refused) at the node's start
+        self.heartbeat = link.heartbeat()
 
         self._add_worker = scheduler.handlers["register-worker"]
         scheduler.handlers["register-worker"] = self.register_worker
@@ -253,15 +255,15 @@ class AdmissionPlugin(SchedulerPlugin):
         """The address of volunteer ``name``'s registration if it is stale, else None.
 
         Stale: nothing heard from it (heartbeats) for :data:`STALE_HEARTBEATS` of its heartbeat intervals
-        (:func:`goblin_dask.link.volunteer_heartbeat`).  A volunteer whose link dropped and that started again is such a case: its old
-        connections are half-open at the lab (no FIN ever arrived), and its new connection, proven by the
-        same certificate, replaces them (:meth:`replace_stale`) instead of waiting for
-        ``goblin.link.dead-after``.  Two live agents with one credential are not stale: the second one is
+        (:func:`goblin_dask.link.volunteer_heartbeat`).  A volunteer whose link dropped and that started again
+        is such a case: its old connections are half-open at the lab (no FIN ever arrived), and its new
+        connection, proven by the same certificate, replaces them (:meth:`replace_stale`) instead of waiting
+        for ``goblin.link.dead-after``.  Two live agents with one credential are not stale: the second one is
         refused with "already connected" (and retries) while the first one heartbeats.
         """
         now = time.time() if now is None else now
         workers = self.scheduler.workers
-        limit = max(STALE_MIN_SECONDS, STALE_HEARTBEATS * link.volunteer_heartbeat(len(workers)))
+        limit = max(STALE_MIN_SECONDS, STALE_HEARTBEATS * link.volunteer_heartbeat(len(workers), self.heartbeat))
         for address, held in self.names.items():
             ws = workers.get(address)
             if held == name and self.roles.get(address) == "volunteer" and ws is not None \
@@ -300,7 +302,7 @@ class AdmissionPlugin(SchedulerPlugin):
                 raise PermissionError(f"goblin lab node: {reason}")
             answer = self._heartbeat(address=address, **kwargs)
             if isinstance(answer, dict) and "heartbeat-interval" in answer:  # the volunteer's next one, then
-                answer["heartbeat-interval"] = link.volunteer_heartbeat(len(self.scheduler.workers))
+                answer["heartbeat-interval"] = link.volunteer_heartbeat(len(self.scheduler.workers), self.heartbeat)
             return answer
         return self._heartbeat(address=address, **kwargs)
 

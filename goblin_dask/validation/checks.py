@@ -29,7 +29,6 @@ volunteer task (``"replica"``: replicate products too, for the benchmark).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Mapping
@@ -288,6 +287,7 @@ class _Check:
                         return value
                     if time.monotonic() > deadline:
                         raise TimeoutError("its holders did not answer the lab worker's fetch")
+                    time.sleep(0.05)  # lost meanwhile: computed again, then fetched again
             except Exception as e:  # timed out, or the volunteer failed: the lab decides alone
                 logger.warning("replica %r did not come back (%s: %s)", key, type(e).__name__, e)
                 return None
@@ -338,7 +338,6 @@ async def _fetch_noting_source(worker, client, key) -> tuple[Any, str | None] | 
             continue
         if response.get("status") == "OK" and key in response.get("data", {}):
             return response["data"][key], holder
-    await asyncio.sleep(0.05)
     return None
 
 
