@@ -307,6 +307,9 @@ def main(argv=None) -> int:
                    help="also the forward pass cut into this many stages (a model larger than one stage); < 2: not")
     p.add_argument("--only", default="", help="run only the workloads whose name holds this (LM, forward, product)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    p.add_argument("--volunteers", type=int, default=2, help="volunteer processes of the local grid")
+    p.add_argument("--idle-only", action="store_true",
+                   help="measure only the idle grid: CPU per process and bytes on the wire per second")
     p.add_argument("--write", action="store_true", help=f"write {SECTION!r} of benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     if args.quick:
@@ -318,12 +321,20 @@ def main(argv=None) -> int:
 
     from goblin_dask.node.local import LabNode
 
-    volunteers = 2
+    volunteers = args.volunteers
     results, idle = {}, {}
     with LabNode.local(volunteers=volunteers) as node:
         wire = WireCounter([port_of(node.address), port_of(node.lab_worker_address())])
-        idle = idle_cpu(node, 3 if args.quick else 20)
+        seconds = 3 if args.quick else 20
+        bytes0 = wire.read()
+        idle = idle_cpu(node, seconds)
+        bytes1 = wire.read()
         print("idle CPU-s per s:", {k: round(v, 4) for k, v in idle.items()}, flush=True)
+        if bytes0 is not None and bytes1 is not None:
+            print("idle bytes per s:", {k: round((bytes1[k] - bytes0[k]) / seconds) for k in bytes1}, flush=True)
+        if args.idle_only:
+            wire.close()
+            return 0
         try:
             for name, fn in WORKLOADS.items():
                 if (args.only and args.only not in name) or (name == "LM local steps" and args.inner_steps < 2) \

@@ -225,6 +225,11 @@ def shut_out_handler(names=(), **ignored) -> None:
     shut_out([str(n) for n in names or ()])
 
 
+def nat_name(address: str) -> str | None:
+    """The volunteer's name in its ``nat://NAME:N`` address, or None for another address (a lab process)."""
+    return address[len("nat://"):].rsplit(":", 1)[0] if address.startswith("nat://") else None
+
+
 def refuse(name: str, reason: str, ban: bool = True) -> None:
     logger.warning("refused volunteer %s: %s%s", name, reason, " (banned)" if ban else "")
     if _refusal_handler is not None:

@@ -141,6 +141,26 @@ def test_a_get_data_answer_holding_a_pickle_is_refused(tmp_path, as_error):
     assert not marker.exists(), "the lab worker unpickled a volunteer's answer"
 
 
+@pytest.mark.parametrize("answer", ["pickle", "list", "text"])
+def test_a_replicas_volunteer_answering_the_labs_fetch_with_no_data_is_refused_and_blames_nobody_else(tmp_path,
+                                                                                                    answer):
+    """Random blocks are replica-checked: the lab worker fetches each replica from the volunteer that computed it.
+    One that answers with a pickle, a list or text in place of its data is refused and banned; the honest
+    volunteer whose results it was to check is never rejected, and the researcher's numbers are the seed's."""
+    marker = tmp_path / "pwned"
+    extra = ("--marker", str(marker), *(("--answer", answer) if answer != "pickle" else ()))
+    with LabNode.local(volunteers=0, dashboard=False, state_dir=tmp_path / "lab") as lab, lab.client.as_current():
+        hostile = lab.add_volunteer(module="tests.hostile_link", extra_args=extra)
+        honest = lab.add_volunteer()
+        x = ga.random.standard_normal((6 * 48, 4 * 48), chunks=48, seed=5)
+        np.testing.assert_array_equal(x.compute(), x.compute(scheduler="sync"))
+        wait_for(lambda: _banned(lab, hostile), timeout=60, what=f"{hostile} banned")
+        record = lab.report()["volunteers"].get(honest, {})
+        assert record.get("rejected", 0) == 0 and not record.get("banned"), lab.report()["rejections"]
+        assert _refusal_of(lab, hostile), lab.report()["bans"]
+    assert not marker.exists(), "the lab worker unpickled a volunteer's answer"
+
+
 # -- malformed input -------------------------------------------------------------------------------
 
 async def _raw(address: str, security, payload: bytes, close_after: bool = False) -> str:

@@ -106,11 +106,11 @@ class LabWorker(Worker):
 
     async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
-        if isinstance(event, GatherDepFailureEvent) and worker.startswith("nat://"):
+        if isinstance(event, GatherDepFailureEvent) and link.nat_name(worker) is not None:
             # a volunteer that answers a fetch with an error is not believed again (its tasks go
             # elsewhere once it is banned); the fetch counts as a lost connection, not as an error
             # of the lab's task
-            link.refuse(worker[len("nat://"):].rsplit(":", 1)[0],
+            link.refuse(link.nat_name(worker),
                         f"answered the lab worker's fetch with an error: {str(event.exception_text)[:200]}")
             return GatherDepNetworkFailureEvent(worker=worker, total_nbytes=total_nbytes,
                                                 stimulus_id=f"goblin-refused-{time.time()}")

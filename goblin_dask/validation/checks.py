@@ -326,6 +326,8 @@ async def _fetch_noting_source(worker, client, key) -> tuple[Any, str | None] | 
     """
     from distributed.worker import get_data_from_worker
 
+    from goblin_dask import link
+
     answer = await client.scheduler.who_has(keys=[key])
     holders = next((list(h or ()) for k, h in answer.items() if as_key(k) == key), [])
     if worker.address in holders and key in worker.data:
@@ -333,11 +335,21 @@ async def _fetch_noting_source(worker, client, key) -> tuple[Any, str | None] | 
     for holder in holders:
         try:
             response = await get_data_from_worker(worker.rpc, [key], holder, who=worker.address)
-        except (OSError, ValueError) as e:
+        except OSError as e:  # the link dropped: the next holder, or the next try
             logger.info("could not fetch replica %r from %s (%s)", key, holder, e)
             continue
-        if response.get("status") == "OK" and key in response.get("data", {}):
-            return response["data"][key], holder
+        except Exception as e:  # an answer the lab does not read (a pickle, an error, not a dict, ...)
+            response = f"{type(e).__name__}: {e}"
+        status = response.get("status") if isinstance(response, dict) else None
+        data = response.get("data") if status == "OK" else None
+        if isinstance(data, dict) and key in data:
+            return data[key], holder
+        if status not in ("OK", "busy") or not isinstance(data, (dict, type(None))):
+            # as for a first result (LabWorker.gather_dep): a volunteer that answers the lab's fetch with
+            # anything but its data (or "busy", or OK without a key it lost meanwhile) is not believed again
+            name = link.nat_name(holder)
+            if name is not None:
+                link.refuse(name, f"answered the lab worker's fetch of a replica with {str(response)[:200]}")
     return None
 
 
