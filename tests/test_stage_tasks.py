@@ -619,7 +619,8 @@ def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_
 
 def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):
     """After a staged round the next round's graph carries no parameter or optimizer-state numbers (they are
-    the lab worker's, read there by reference); the optimizer step reads the packed results in one task;
+    the lab worker's, read there by reference, the parameters as one flat vector: one task, not one per
+    parameter); the optimizer step reads the packed results in one task;
     a checkpoint written from the lab worker's copy resumes into torch's next round."""
     from goblin_dask.array.sources import lab_value
     from goblin_dask.training import Trainer, optim
@@ -640,8 +641,12 @@ def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_i
     x_shape = batches[1][0].shape  # the batch rides in the graph (as x and y); no parameter of this shape
     assert set(_parameter_numbers_in(dsk, 2)) <= {x_shape}
     assert all(tuple(p.shape) != x_shape for p in model.parameters())
+    # the parameters as one flat vector (one lab task, one fetch per stage task), the buffers one each
     blocks = [t for t in dsk.values() if getattr(t, "func", None) is lab_value]
-    assert len(blocks) == len(trainer.param_names) + len(trainer.buffer_names)
+    assert len(blocks) == 1 + len(trainer.buffer_names)
+    flat = [t for t in blocks if t.args[1] == ("flat",)]
+    assert len(flat) == 1
+    assert flat[0].kwargs["lab_array"][1] == (sum(p.numel() for p in model.parameters()),)
     assert trainer.step(*batches[1]) == pytest.approx(_torch_round(ref, opt, *batches[1], 2), rel=1e-4)
     path = trainer.save(tmp_path)  # from the lab worker's copy
     again = copy.deepcopy(model)

@@ -8,6 +8,7 @@ optimizer's ``param_groups`` at each round (a learning-rate schedule applies as 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -113,8 +114,32 @@ def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict
     new_params, new_state = _apply(hyper, [_assemble(p) for p in params], state, weights, grads)
     loss_weights = weights if loss_weights is None else loss_weights
     loss = float(sum(w * float(_assemble(l)) for w, l in zip(loss_weights, losses)))
-    return {"params": new_params, "state": new_state, "loss": loss,
+    flat, new_params = flatten(new_params)
+    return {"params": new_params, "flat": flat, "state": new_state, "loss": loss,
             "buffers": [_assemble(b) for b in buffers]}
+
+
+def flatten(params: Sequence[np.ndarray]) -> tuple[np.ndarray | None, list[np.ndarray]]:
+    """``(flat, views)``: the parameters copied into one vector and each a view of it, where they share a dtype
+    (else ``(None, params)``).  The next round's stage tasks read the vector as one value: one lab task and one
+    fetch instead of one per parameter (a GPT has dozens)."""
+    params = [np.asarray(p) for p in params]
+    if len(params) < 2 or len({p.dtype for p in params}) != 1:
+        return None, list(params)
+    flat = np.concatenate([p.reshape(-1) for p in params])
+    return flat, unflatten(flat, [p.shape for p in params])
+
+
+def unflatten(flat: np.ndarray, shapes: Sequence[tuple]) -> list[np.ndarray]:
+    """The parameters of ``shapes`` as views of :func:`flatten`'s vector."""
+    out, at = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    if at != flat.size:
+        raise ValueError(f"a flat parameter vector of {flat.size} numbers for parameters of {at}")
+    return out
 
 
 def _task_outputs(packed: np.ndarray, where: Sequence[tuple], inputs: Sequence[np.ndarray]) -> list:
@@ -132,24 +157,35 @@ def _task_outputs(packed: np.ndarray, where: Sequence[tuple], inputs: Sequence[n
     return out
 
 
+def _parameters_in(params: Sequence[Any], shapes: Sequence[tuple] | None) -> tuple[list, list]:
+    """The round's parameters, and the stage tasks' parameter inputs (their ``("input", j)`` outputs index these):
+    the same list, or with ``shapes`` the one flat vector and its views."""
+    arrays = [_assemble(p) for p in params]
+    if shapes is None:
+        return arrays, arrays
+    return unflatten(np.asarray(arrays[0]), shapes), arrays
+
+
 def _in_forms(buffers: Sequence[Any], forms: Sequence[tuple]) -> list:
     return [np.asarray(b, dtype=np.dtype(dt)).reshape(shape) for b, (shape, dt) in zip(buffers, forms)]
 
 
 def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], packed: Sequence[np.ndarray],
-                     layouts: Sequence[tuple], buffers: Sequence[Any], buffer_forms: Sequence[tuple]) -> dict:
+                     layouts: Sequence[tuple], buffers: Sequence[Any], buffer_forms: Sequence[tuple],
+                     param_shapes: Sequence[tuple] | None = None) -> dict:
     """:func:`lab_round` on stage tasks' packed results, cut here in one task instead of one task per output.
 
     Task ``t`` ran ``n`` micro-batches of the round's ``weights`` and packed, in this order, their ``n``
     losses, its gradients already weighted and summed over them, and the buffers after the last:
     ``layouts[t] = (n, weights, outputs)``, each output as :func:`_task_outputs` reads it (an ``"input"`` is one
     of the parameters, then of the buffers the task read).  ``buffers``: the round's buffers as they came in;
-    they come back in ``buffer_forms`` (shape, dtype), so the next round reads them as it read these."""
-    params = [_assemble(p) for p in params]
+    they come back in ``buffer_forms`` (shape, dtype), so the next round reads them as it read these.
+    ``param_shapes`` given: ``params`` is one :func:`flatten` vector, as the tasks read it (their first input)."""
+    params, inputs = _parameters_in(params, param_shapes)
     current = [_assemble(b) for b in buffers]
     p_count, losses, grads = len(params), [], []
     for p, (n, weights, where) in zip(packed, layouts):
-        out = _task_outputs(p, where, params + current)
+        out = _task_outputs(p, where, inputs + current)
         losses.append(np.float64(sum(wt * float(l) for wt, l in zip(weights, out[:n]))))
         grads.append(out[n:n + p_count])
         current = out[n + p_count:]
@@ -160,24 +196,28 @@ def lab_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequen
 
 def lab_outer_round_packed(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict],
                            packed: Sequence[np.ndarray], layouts: Sequence[tuple], shares: Sequence[float],
-                           buffers: Sequence[Any], buffer_forms: Sequence[tuple]) -> dict:
+                           buffers: Sequence[Any], buffer_forms: Sequence[tuple],
+                           param_shapes: Sequence[tuple] | None = None) -> dict:
     """The outer step of local-steps training (DiLoCo): each task (a worker) took ``n`` optimizer steps on its
     shard, from the round's parameters, and packed its ``n`` losses, its pseudo-gradient (the parameters it
     started from minus those it ended with) and its buffers after the last step (``layouts`` as in
     :func:`lab_round_packed`).  The pseudo-gradient is the workers' average weighted by their ``shares`` of the
     batch; the outer optimizer (``hyper``: SGD, Nesterov momentum in DiLoCo) steps with it as its gradient, as
-    ``torch.optim.SGD`` would.  Buffers (BatchNorm's running statistics) are the workers' average likewise."""
-    params = [_assemble(p) for p in params]
+    ``torch.optim.SGD`` would.  Buffers (BatchNorm's running statistics) are the workers' average likewise.
+    ``param_shapes``: as in :func:`lab_round_packed`."""
+    params, inputs = _parameters_in(params, param_shapes)
     start = [_assemble(b) for b in buffers]
     p_count, loss, deltas, after = len(params), 0.0, [], []
     for p, (n, weights, where) in zip(packed, layouts):
-        out = _task_outputs(p, where, params + start)
+        out = _task_outputs(p, where, inputs + start)
         loss += sum(wt * float(l) for wt, l in zip(weights, out[:n]))
         deltas.append(out[n:n + p_count])
         after.append(out[n + p_count:])
     new_params, new_state = _apply(hyper, params, state, shares, deltas)
     averaged = [_weighted_mean(versions, shares) for versions in zip(*after)] if after else start
-    return {"params": new_params, "state": new_state, "loss": float(loss), "buffers": _in_forms(averaged, buffer_forms)}
+    flat, new_params = flatten(new_params)
+    return {"params": new_params, "flat": flat, "state": new_state, "loss": float(loss),
+            "buffers": _in_forms(averaged, buffer_forms)}
 
 
 def _weighted_mean(versions: Sequence[np.ndarray], shares: Sequence[float]) -> np.ndarray:

@@ -328,12 +328,15 @@ class Trainer:
         hyper_key, state_key, step_key = f"train-hyper-{tok}", f"train-state-{tok}", f"train-step-{tok}"
         # the model's own arrays, not the lab's data: capped by goblin.minimization.parameters-max-share
         # (x and y stay data; the optimizer state never leaves the lab worker's step)
-        params, bufs = self._model_arrays(tok)
         losses, grads = [], []
-        P = len(params)
         # local steps: micro-batch i is worker i's shard, cut into the slices of its inner steps
         steps = [np.array_split(p, self.inner_steps) for p in parts] if self.inner_steps > 1 else None
-        staged = self._staged(x, y, [s for shard in steps for s in shard] if steps else parts, params, bufs)
+        staged = self._staged(x, y, [s for shard in steps for s in shard] if steps else parts,
+                              [self._params[k] for k in self.param_names], [self._buffers[k] for k in self.buffer_names])
+        # stage tasks read the parameters as one flat vector (one lab task, one fetch), where they share a dtype
+        flat = self._flat_shapes() if staged == "packed" else None
+        params, bufs = self._model_arrays(tok, flat is not None)
+        P = len(self.param_names)  # (not len(params): one flat vector)
         if steps and staged != "packed":
             raise ValueError(
                 f"inner_steps={self.inner_steps}: each worker's steps run as one stage task, and this round cannot: "
@@ -346,12 +349,12 @@ class Trainer:
         packed, layouts = [], []
         for shard in steps or ():  # one task per worker: its inner steps, its pseudo-gradient
             self._check_share(x, y, shard)
-            program = self._local_program(x, y, shard, params, bufs)
+            program = self._local_program(x, y, shard, params, bufs, flat)
             stage, _ = prog.call_packed(program, *params, *bufs, *self._slice_inputs(x, y, xa, ya, shard))
             packed.append(stage)
             layouts.append((len(shard), [len(idx) / n for idx in shard], _outputs_where(program)))
         for group in (self._stage_groups(x, y, parts) if staged == "packed" and not steps else ()):
-            program = self._group_program(x, y, parts, weights, group, params, bufs)
+            program = self._group_program(x, y, parts, weights, group, params, bufs, flat)
             stage, _ = prog.call_packed(program, *params, *bufs, *self._slice_inputs(x, y, xa, ya, [parts[i] for i in group]))
             where = _outputs_where(program)
             packed.append(stage)
@@ -397,11 +400,11 @@ class Trainer:
             dsk[step_key] = Task(step_key, optim.lab_outer_round_packed, TaskRef(hyper_key),
                                  List(*(refs(p) for p in params)), TaskRef(state_key),
                                  List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)), layouts, weights,
-                                 List(*(refs(b) for b in bufs0)), forms)
+                                 List(*(refs(b) for b in bufs0)), forms, flat)
         elif staged == "packed":
             dsk[step_key] = Task(step_key, optim.lab_round_packed, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), List(*(TaskRef(p.__dask_keys__()[0]) for p in packed)),
-                                 layouts, List(*(refs(b) for b in bufs0)), forms)
+                                 layouts, List(*(refs(b) for b in bufs0)), forms, flat)
         else:
             grad_weights = list(weights) if pipelined is None else [1.0] * len(grads)  # (groups' sums: weighted)
             dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
@@ -495,16 +498,17 @@ class Trainer:
         return self._graph_for(x, y).stage_program([*shapes, x.shape, y.shape])
 
     def _group_program(self, x: np.ndarray, y: np.ndarray, parts: list, weights: list, group: list,
-                       params: list, bufs: list) -> Any:
+                       params: list, bufs: list, flat: list | None = None) -> Any:
         """One stage program for the micro-batches of ``group``: each one's forward and backward in turn (the
         buffers one writes read by the next), the gradients summed with the round's weights in micro-batch
         order (as the lab's step sums them, and torch accumulates them); out come each micro-batch's loss, the
-        summed gradients and the buffers after the last.  Traced once per shapes and weights."""
+        summed gradients and the buffers after the last.  Traced once per shapes and weights.  ``flat``: the
+        parameters' shapes, read from one flat vector (:meth:`_traced`)."""
         import goblin_dask.array as ga
 
         slices = [parts[i] for i in group]
         key = ("sum", tuple((len(idx), weights[i]) for idx, i in zip(slices, group)))
-        dtypes = [a.dtype for a in params]
+        dtypes = [self._params[k].dtype for k in self.param_names]
 
         def body(passes, ps, bs):
             losses, total = [], None
@@ -516,9 +520,10 @@ class Trainer:
                 bs = list(out[1 + len(ps):])
             return [*losses, *total, *bs]
 
-        return self._traced(key, x, y, slices, params, bufs, body)
+        return self._traced(key, x, y, slices, params, bufs, body, flat)
 
-    def _local_program(self, x: np.ndarray, y: np.ndarray, shard: list, params: list, bufs: list) -> Any:
+    def _local_program(self, x: np.ndarray, y: np.ndarray, shard: list, params: list, bufs: list,
+                       flat: list | None = None) -> Any:
         """A worker's stage program of local steps: for each slice of its ``shard`` in turn, forward and backward
         then one step of the inner optimizer (:func:`optim.step` on ga arrays, from fresh
         state, this round's hyperparameters); out come each step's loss, the pseudo-gradient (start minus end)
@@ -537,21 +542,25 @@ class Trainer:
                 bs = list(out[1 + len(ps):])
             return [*losses, *(ga.subtract(a, b) for a, b in zip(start, ps)), *bs]
 
-        return self._traced(key, x, y, shard, params, bufs, body)
+        return self._traced(key, x, y, shard, params, bufs, body, flat)
 
     def _traced(self, key: tuple, x: np.ndarray, y: np.ndarray, slices: list, params: list, bufs: list,
-                body: Callable) -> Any:
+                body: Callable, flat: list | None = None) -> Any:
         """The stage program ``body(passes, params, buffers)`` builds, cached under ``key``: ``passes[k](params,
         buffers)`` gives the joint graph's outputs (loss, gradients, buffers after) for the batch's rows
-        ``slices[k]``; the program's inputs are the parameters, the buffers, then :meth:`_slice_inputs`'."""
+        ``slices[k]``; the program's inputs are the parameters, the buffers, then :meth:`_slice_inputs`'.
+        ``flat`` (the parameters' shapes): the parameters come as one vector (``params`` is that one array),
+        cut into views by the program's first steps."""
+        import goblin_dask.array as ga
         from goblin_dask.array import program as prog
         from goblin_dask.ops.spec import Aval
 
-        key = (key, x.shape[1:], x.dtype.str, y.shape[1:], y.dtype.str)
+        key = (key, x.shape[1:], x.dtype.str, y.shape[1:], y.dtype.str, flat is not None)
         if key in self._group_programs:
             return self._group_programs[key]
         graphs = [self._graph_for(x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]) for idx in slices]
-        P, B = len(params), len(bufs)
+        P_in, B = len(params), len(bufs)
+        P = P_in if flat is None else len(flat)
         avals = [Aval(tuple(a.shape), a.dtype) for a in (*params, *bufs)]
         names = [g._stage_names() for g in graphs]
         for idx, g, nm in zip(slices, graphs, names):
@@ -560,29 +569,44 @@ class Trainer:
             avals += [Aval.of(g._constant_value(k)) for k in nm[len(g.inputs):]]
 
         def fn(*arrays):
-            at, passes = P + B, []
+            at, passes = P_in + B, []
             for g, nm in zip(graphs, names):
                 mine = arrays[at:at + len(nm) - P - B]
                 at += len(nm) - P - B
                 passes.append(lambda ps, bs, g=g, nm=nm, mine=mine: g._evaluate(dict(zip(nm, [*ps, *bs, *mine]))))
-            return body(passes, list(arrays[:P]), list(arrays[P:P + B]))
+            ps = list(arrays[:P_in]) if flat is None else _views(ga, arrays[0], flat)
+            return body(passes, ps, list(arrays[P_in:P_in + B]))
 
         self._group_programs[key] = prog.trace(fn, avals)
         return self._group_programs[key]
 
-    def _model_arrays(self, tok: str) -> tuple[list, list]:
+    def _flat_shapes(self) -> list[tuple] | None:
+        """The parameters' shapes where a round reads them as one flat vector (:func:`optim.flatten`: two or more
+        parameters of one dtype), else None."""
+        host = [self._params[k] for k in self.param_names]
+        if len(host) < 2 or len({p.dtype for p in host}) != 1:
+            return None
+        return [tuple(p.shape) for p in host]
+
+    def _model_arrays(self, tok: str, flat: bool = False) -> tuple[list, list]:
         """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
-        (no upload), or this process's copies as lab arrays."""
+        (no upload), or this process's copies as lab arrays.  ``flat``: the parameters as one vector, a list of
+        one array (:meth:`_flat_shapes`)."""
+        host = [self._params[k] for k in self.param_names]
         if self._resident is None or self._host_round == self.rounds:
-            return ([_parameters(self._params[k]) for k in self.param_names],
-                    [_parameters(self._buffers[k]) for k in self.buffer_names])
+            params = ([_parameters(np.concatenate([p.reshape(-1) for p in host]), -1)] if flat
+                      else [_parameters(p) for p in host])
+            return params, [_parameters(self._buffers[k]) for k in self.buffer_names]
         from goblin_dask.array.sources import resident_array
 
         def kept(what: str, host: dict, names: list) -> list:
             return [resident_array(self._resident, (what, j), host[k].shape, host[k].dtype, (tok, what, j),
                                    kind="parameters") for j, k in enumerate(names)]
 
-        return kept("params", self._params, self.param_names), kept("buffers", self._buffers, self.buffer_names)
+        params = ([resident_array(self._resident, ("flat",), (sum(p.size for p in host),), host[0].dtype,
+                                  (tok, "flat"), kind="parameters")] if flat
+                  else kept("params", self._params, self.param_names))
+        return params, kept("buffers", self._buffers, self.buffer_names)
 
     def _sync_host(self) -> None:
         """Bring the parameters, buffers and optimizer state the lab worker kept from the last round into this
@@ -827,11 +851,21 @@ def _cut(packed: Any, where: tuple) -> Any:
     return piece if piece.dtype == np.dtype(dtype) else ga.astype(piece, np.dtype(dtype))
 
 
-def _parameters(v: np.ndarray) -> Any:
+def _parameters(v: np.ndarray, chunks: Any = "auto") -> Any:
     """A parameter or buffer as a lab array of kind ``"parameters"`` (a 0-d one as lab data, as ``ga.from_array``)."""
     from goblin_dask.array.sources import from_numpy_like
 
-    return from_numpy_like(v, "auto", kind="parameters")
+    return from_numpy_like(v, chunks, kind="parameters")
+
+
+def _views(ga: Any, flat: Any, shapes: list[tuple]) -> list:
+    """Inside a traced program: the parameters of ``shapes`` cut from the flat vector (as :func:`optim.unflatten`)."""
+    out, at = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(ga.reshape(flat[at:at + n], shape))
+        at += n
+    return out
 
 
 def _delta(before: dict | None, after: dict | None) -> dict | None:
