@@ -505,6 +505,8 @@ class VerificationLedger(SchedulerPlugin):
             "exposure": exposure.report() if (exposure := self.scheduler.plugins.get("goblin-exposure")) else {},
             # the same, summed over each person's credentials (what max-exposure bounds; goblin enroll --person)
             "exposure_by_person": exposure.report(by_person=True) if exposure else {},
+            # {volunteer: {"believed", "unsent"}}: its cache hints counted, and keys it named but was never sent
+            "cache_hints": hints.report() if (hints := self.scheduler.plugins.get("goblin-volunteer-cache")) else {},
             # catalog tasks sent to volunteers, and kept at the lab with why ({reason: count}; the reasons and the
             # settings that would send them out: goblin_dask.array.placement.KEPT_AT_LAB), in all and per researcher
             **dict(zip(("placement", "placement_by_researcher"), placement.count.report(researcher, researcher is not None)
