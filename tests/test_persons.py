@@ -74,6 +74,38 @@ def test_credentials_of_two_people_each_get_their_share(tmp_path, monkeypatch):
     assert seen["pat"] + seen["sam"] > cap, seen  # more than one person's share left the lab
 
 
+def test_a_task_reissued_at_its_deadline_stays_within_its_persons_cap(tmp_path, monkeypatch):
+    """A deadline reissue is pinned again within the cap of the person of the credential it goes to: the
+    holder's blocks do not go to another credential of the holder's person beyond what that person may see."""
+    import dask
+
+    import goblin_dask.array as ga
+    from goblin_dask.array.sources import lab_arrays
+    from goblin_dask.node.local import LabNode
+
+    a = np.random.default_rng(31).standard_normal((512, 256))
+    cap = 0.5
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")
+    with dask.config.set({"goblin.minimization.max-exposure": cap, "goblin.verification.deadline": 2.0}), \
+            LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node, \
+            node.client.as_current():
+        honest = _curious(node, "pat-gpu0", "pat")
+        holder = node.add_volunteer(node.enroll("pat-gpu1", person="pat"), module="tests.hostile",
+                                    extra_args=("--attack", "hold", "--keep", "64"))
+        x = ga.from_array(a, chunks=128)
+        (aid,) = lab_arrays(x)
+        got = dask.compute(x.T @ x)[0]
+        report = node.report()
+        seen = _seen_together(node, [honest], a)
+    np.testing.assert_allclose(got, a.T @ a, rtol=1e-10, atol=1e-9)
+    assert report["reissued"] >= 1 and report["volunteers"][holder]["late"] >= 1, report["volunteers"]
+    exposure = report["exposure"]
+    assert exposure.get(holder, {}).get(aid, 0) > 0, exposure  # it was given blocks (and held them)
+    together = report["exposure_by_person"]["pat"][aid]
+    assert together <= cap + 1e-12, report["exposure_by_person"]
+    assert together >= max(exposure[holder][aid], seen) - 1e-12, (together, exposure, seen)
+
+
 # -- replicas ------------------------------------------------------------------------------------
 
 def _pairs(node, stream, persons) -> dict[tuple, list[str]]:
