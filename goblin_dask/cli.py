@@ -91,8 +91,11 @@ def lab_worker(address, credential, nthreads, memory_limit, host, port):
 @click.option("--name", default=None, help="name to issue the credential for (default: a new one)")
 @click.option("--out", "out", default=None, metavar="FILE",
               help="where to write the credential (mode 0600; default: ./NAME.credential; -: print it on stdout)")
+@click.option("--person", default=None, metavar="WHO",
+              help="who holds it (default: NAME): one person's credentials share one exposure cap, and a replica "
+                   "never runs on the person whose result it checks; give each GPU's credential its owner's name")
 @_state_dir_option
-def enroll(name, out, state_dir):
+def enroll(name, out, person, state_dir):
     """Write a volunteer credential file for the lab node of STATE_DIR.
 
     The volunteer joins with `goblin volunteer ADDRESS --token FILE`: a credential travels as a private file
@@ -106,7 +109,7 @@ def enroll(name, out, state_dir):
 
     try:
         require_lab(state_dir)
-        credential = issue_credential(state_dir, "volunteer", name)
+        credential = issue_credential(state_dir, "volunteer", name, person)
     except (CredentialError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if out == "-":

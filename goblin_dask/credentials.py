@@ -17,6 +17,8 @@ from pathlib import Path
 
 ROLES = ("volunteer", "lab")  # roles that join as workers and carry an admission token
 _PREFIX = "gv1"
+#: The lab's volunteer registry in its state directory: each volunteer credential's person (owner).
+VOLUNTEERS_FILE = "volunteers.json"
 
 
 class CredentialError(PermissionError):
@@ -54,21 +56,56 @@ class LabKeys:
             _write_private(secret_path, secrets.token_hex(32))
         self._secret = bytes.fromhex(secret_path.read_text().strip())
         self._revoked_path = self.state_dir / "revoked.json"
+        self._volunteers_path = self.state_dir / VOLUNTEERS_FILE
 
     def _mac(self, role: str, name: str, nonce: str) -> str:
         msg = f"{role}.{name}.{nonce}".encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:40]
 
-    def issue(self, role: str = "volunteer", name: str | None = None) -> str:
+    def issue(self, role: str = "volunteer", name: str | None = None, person: str | None = None) -> str:
+        """A signed token; a volunteer's is recorded in the registry with its ``person`` (default: ``name``)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         name = name or f"{role}-{secrets.token_hex(3)}"
         if not valid_name(name):
             raise ValueError(f"credential name {name!r}: use letters, digits, '-' and '_' only")
+        if person is not None and (role != "volunteer" or not valid_name(person)):
+            raise ValueError(f"person {person!r}: a volunteer's owner, in letters, digits, '-' and '_' only")
         if name in self.revoked():
             raise CredentialError(f"name {name!r} was revoked on this lab node")
         nonce = secrets.token_hex(8)
+        if role == "volunteer":
+            self.record_volunteer(name, person or name)
         return f"{_PREFIX}.{role}.{name}.{nonce}.{self._mac(role, name, nonce)}"
+
+    def volunteers(self) -> dict[str, dict]:
+        """The volunteer registry, ``{name: {"person": WHO}}``; read again only when the file changed.  A lab
+        older than the registry has no file, and an entry may lack ``person``: :meth:`person` is then the name."""
+        try:
+            st = self._volunteers_path.stat()
+        except FileNotFoundError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if getattr(self, "_volunteers_stamp", None) != stamp:
+            try:
+                data = json.loads(self._volunteers_path.read_text())
+            except ValueError as e:  # never a guess: who holds what decides where replicas run
+                raise CredentialError(f"the volunteer registry {self._volunteers_path} is unreadable: {e}") from None
+            entries = data.get("volunteers", {}) if isinstance(data, dict) else {}
+            self._volunteers_cache = {str(n): e for n, e in entries.items() if isinstance(e, dict)}
+            self._volunteers_stamp = stamp
+        return self._volunteers_cache
+
+    def person(self, name: str) -> str:
+        """Who holds volunteer credential ``name``, as the admin enrolled it (``goblin enroll --person``): the
+        exposure cap counts per person, and a replica never runs on the person whose result it checks."""
+        person = self.volunteers().get(name, {}).get("person")
+        return person if isinstance(person, str) and valid_name(person) else name
+
+    def record_volunteer(self, name: str, person: str) -> None:
+        entries = dict(self.volunteers())
+        entries[name] = {**entries.get(name, {}), "person": person}
+        _write_private(self._volunteers_path, json.dumps({"volunteers": entries}, sort_keys=True, indent=1))
 
     def verify(self, credential: str) -> Identity:
         parts = (credential or "").strip().split(".")
@@ -106,13 +143,14 @@ def revoked_names(state_dir: str | os.PathLike) -> frozenset[str]:
         return frozenset()
 
 
-def issue_credential(state_dir: str | os.PathLike, role: str, name: str | None = None):
-    """A full credential (TLS certificate under the lab CA, plus admission token for workers)."""
+def issue_credential(state_dir: str | os.PathLike, role: str, name: str | None = None, person: str | None = None):
+    """A full credential (TLS certificate under the lab CA, plus admission token for workers); ``person``: who
+    holds a volunteer credential (default: its name; :meth:`LabKeys.person`)."""
     from goblin_dask.tls import LabCA
 
     token = ""
     if role in ROLES:
-        token = LabKeys(state_dir).issue(role, name)
+        token = LabKeys(state_dir).issue(role, name, person)
         name = token.split(".")[2]
     elif not name:
         raise ValueError(f"a {role} credential needs a name")

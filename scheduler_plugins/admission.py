@@ -167,6 +167,8 @@ class AdmissionPlugin(SchedulerPlugin):
         self.keys = keys
         self.roles: dict[str, str] = {}  # worker address -> "lab" | "volunteer"
         self.names: dict[str, str] = {}  # worker address -> credential name
+        #: volunteer credential name -> its person, read from the lab's registry when it joins (kept after it leaves)
+        self.persons: dict[str, str] = {}
         self.banned: set[str] = set()  # names banned in this node's lifetime
         #: the latest refusals (bounded: a flood of refused connections must not grow the scheduler)
         self.refusals: deque[dict[str, str]] = deque(maxlen=REFUSALS_KEPT)
@@ -204,10 +206,18 @@ class AdmissionPlugin(SchedulerPlugin):
         """A connected lab worker?  O(1): asked for every check's verdicts, never a scan of the workers."""
         return self.roles.get(address) == "lab" and address in self.scheduler.workers
 
+    def person(self, name: str | None) -> str | None:
+        """Who holds volunteer credential ``name`` (:meth:`goblin_dask.credentials.LabKeys.person`)."""
+        if name is None:
+            return None
+        person = self.persons.get(name)
+        return person if person is not None else self.keys.person(name)
+
     def has_volunteer_besides(self, name: str | None) -> bool:
-        """Is a volunteer other than ``name`` connected?  Names are unique among connected workers, so
-        this stops after a few entries whatever the number of volunteers (asked per replica decision)."""
-        return any(r == "volunteer" and self.names.get(a) != name and a in self.scheduler.workers
+        """Is a volunteer of another person than ``name``'s connected?  Stops at the first one (asked per
+        replica decision): two credentials of one person agree on whatever they like."""
+        person = self.person(name)
+        return any(r == "volunteer" and a in self.scheduler.workers and self.person(self.names.get(a)) != person
                    for a, r in self.roles.items())
 
     # -- handlers ----------------------------------------------------------------
@@ -232,6 +242,7 @@ class AdmissionPlugin(SchedulerPlugin):
                     raise CredentialError(f"{ident.name!r} is already connected")
             if ident.role == "volunteer":
                 _check_volunteer_claims(nthreads, kwargs.get("memory_limit"))
+                person = self.keys.person(ident.name)
         except CredentialError as e:
             where = str(address)[:200]  # what the worker says its address is: any text, when it is refused for size
             self.refusals.append({"address": where, "reason": str(e)})
@@ -242,10 +253,12 @@ class AdmissionPlugin(SchedulerPlugin):
             await self.replace_stale(ident.name, stale, address)
         self.roles[address] = ident.role
         self.names[address] = ident.name
+        if ident.role == "volunteer":
+            self.persons[ident.name] = person
         slots = {VOLUNTEER_RESOURCE: float(nthreads)} if ident.role == "volunteer" else {LAB_RESOURCE: LAB_SLOTS}
         if ident.role == "volunteer":
-            logger.info("admitted volunteer %s at %s; its register-worker's (entries, bytes of text): %s", ident.name,
-                        address, ", ".join(f"{f} {n}/{b}" for f, (n, b) in sorted(sizes.items())))
+            logger.info("admitted volunteer %s (person %s) at %s; its register-worker's (entries, bytes of text): %s",
+                        ident.name, person, address, ", ".join(f"{f} {n}/{b}" for f, (n, b) in sorted(sizes.items())))
         else:
             logger.info("admitted %s %s at %s", ident.role, ident.name, address)
         return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},

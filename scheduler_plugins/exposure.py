@@ -1,4 +1,4 @@
-"""What a volunteer may learn: a cap per task, and an account per volunteer.
+"""What a volunteer may learn: a cap per task, and an account per person.
 
 The array layer's source blocks are lab-only tasks that name their place in a lab array
 (``lab_array=(id, shape, box)``, or ``(id, shape, box, kind)`` for a kind of lab array other than
@@ -30,10 +30,11 @@ side of "the volunteer saw more".
   elements: the union of the regions of the blocks sent to it, so a block received twice
   counts once), as a fraction of the array, parameters as well as data.  A task counts when it is sent to a
   volunteer (``processing`` on it) and when a volunteer returns it (a stolen task).
-  ``report()`` gives ``{volunteer: {array id: fraction}}``: ``LabNode.report()["exposure"]``.
-* **Per-volunteer cap** (``goblin.minimization.max-exposure``, default None: off): when set,
-  each volunteer task is placed, when its graph arrives, on a volunteer whose exposure
-  (received plus already planned) stays within the cap for every lab array, the one that
+  ``report()`` gives ``{volunteer: {array id: fraction}}``: ``LabNode.report()["exposure"]``; the
+  same summed over each person's credentials (``goblin enroll --person``) is ``["exposure_by_person"]``.
+* **Per-person cap** (``goblin.minimization.max-exposure``, default None: off): when set,
+  each volunteer task is placed, when its graph arrives, on a volunteer whose person's exposure
+  (received by all their credentials plus already planned) stays within the cap for every lab array, the one that
   learns least new from it (then the least loaded); when none can take it, the lab
   computes it.  A volunteer that leaves has its planned tasks placed again the same way.
 """
@@ -250,10 +251,14 @@ class ExposurePlugin(SchedulerPlugin):
         self.shapes: dict[str, tuple[int, ...]] = {}
         #: array id -> kind (goblin_dask.array.sources.KINDS); data once any block names it data
         self.kinds: dict[str, str] = {}
-        #: volunteer name -> array id -> Coverage of what it received
+        #: volunteer name -> array id -> Coverage of what it received (the report)
         self.received: dict[str, dict[str, Coverage]] = defaultdict(dict)
-        #: volunteer address -> array id -> Coverage planned (max-exposure placement)
+        #: person -> array id -> Coverage of what all their credentials received (what max-exposure bounds)
+        self.learned: dict[str, dict[str, Coverage]] = defaultdict(dict)
+        #: person -> array id -> Coverage planned (max-exposure placement), over all their credentials
         self.planned: dict[str, dict[str, Coverage]] = defaultdict(dict)
+        #: volunteer address -> its person, for the addresses holding pins (kept after it leaves)
+        self.owners: dict[str, str] = {}
         self.pinned: dict[Any, str] = {}
         #: volunteer address -> keys pinned to it (the index of ``pinned``: no scan of every pinned key per task)
         self.pinned_keys: dict[str, set] = defaultdict(set)
@@ -372,14 +377,14 @@ class ExposurePlugin(SchedulerPlugin):
         if ts.worker_restrictions:
             allowed &= set(ts.worker_restrictions)
         ledger = self.scheduler.plugins.get("goblin-verification")
-        excluded = getattr(ledger, "restricted", {}).get(ts.key, ())  # a replica: never the volunteer it checks
-        allowed = {a for a in allowed if self.admission.names.get(a, a) not in excluded}
+        if ledger is not None:  # a replica: never the person whose result it checks
+            allowed = {a for a in allowed if ledger.may_run(ts.key, self.admission.names.get(a, a))}
         best = None
         for addr in sorted(allowed):
-            name = self.admission.names.get(addr, addr)
+            person = self._person(addr)
             new_elems, fits, merged = 0, True, {}
             for aid, cov in needs.items():
-                base = self.planned[addr].get(aid) or self.received[name].get(aid)
+                base = self.planned.get(person, {}).get(aid) or self.learned.get(person, {}).get(aid)
                 before = base.covered() if base is not None else 0
                 after = base.copy() if base is not None else Coverage(cov.shape)
                 for box in _boxes(cov):
@@ -398,7 +403,7 @@ class ExposurePlugin(SchedulerPlugin):
             self.keep_on_lab(ts, f"every volunteer would exceed max-exposure {cap:g}", "max-exposure", client)
             return False
         _, addr, merged = best
-        self.planned[addr].update(merged)
+        self.planned[self._person(addr)].update(merged)
         self._pin(ts.key, addr)
         ts.worker_restrictions = {addr}
         ts.loose_restrictions = False
@@ -450,10 +455,16 @@ class ExposurePlugin(SchedulerPlugin):
             catalog_only.count.kept_instead(who, reason)
         logger.info("task %r computed on the lab worker: %s", ts.key, why)
 
+    def _person(self, addr: str) -> str:
+        """The person holding the volunteer at ``addr`` (one account for all their credentials)."""
+        name = self.admission.names.get(addr, addr)
+        return self.admission.person(name) or name
+
     def _pin(self, key, addr: str) -> None:
         self._unpin(key)
         self.pinned[key] = addr
         self.pinned_keys[addr].add(key)
+        self.owners.setdefault(addr, self._person(addr))
 
     def _unpin(self, key) -> str | None:
         addr = self.pinned.pop(key, None)
@@ -464,6 +475,14 @@ class ExposurePlugin(SchedulerPlugin):
                 if not keys:
                     del self.pinned_keys[addr]
         return addr
+
+    def _plan_done(self, addr: str) -> None:
+        """``addr`` holds no pin now: once no credential of its person does, their plan is all received."""
+        if addr in self.pinned_keys:
+            return
+        person = self.owners.pop(addr, None)
+        if person is not None and not any(self.owners.get(a) == person for a in self.pinned_keys):
+            self.planned.pop(person, None)
 
     # -- the account ---------------------------------------------------------------
     def transition(self, key, start, finish, *args, worker: str | None = None, **kwargs) -> None:
@@ -478,25 +497,23 @@ class ExposurePlugin(SchedulerPlugin):
             self.record(ts, worker)
         if finish in ("memory", "erred", "forgotten", "released"):
             addr = self._unpin(key) if finish != "released" else None
-            if addr is not None and not self.pinned_to(addr):
-                self.planned.pop(addr, None)  # its plan is all received now
+            if addr is not None:
+                self._plan_done(addr)
         if finish == "forgotten":
             self.lineage.pop(key, None)
-
-    def pinned_to(self, addr: str) -> bool:
-        return bool(self.pinned_keys.get(addr))
 
     def record(self, ts, addr: str) -> None:
         if not self.admission.is_volunteer(addr):
             return
         name = self.admission.names.get(addr, addr)
+        person = self.admission.person(name) or name
         for aid, cov in self.needs(ts).items():
-            mine = self.received[name].get(aid) or self.received[name].setdefault(aid, Coverage(cov.shape))
-            for box in _boxes(cov):
-                mine.add(box)
+            for account in (self.received[name], self.learned[person]):
+                mine = account.get(aid) or account.setdefault(aid, Coverage(cov.shape))
+                for box in _boxes(cov):
+                    mine.add(box)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
-        self.planned.pop(worker, None)
         cap = self.max_exposure()
         for key in list(self.pinned_keys.get(worker, ())):
             ts = scheduler.tasks.get(key)
@@ -506,10 +523,12 @@ class ExposurePlugin(SchedulerPlugin):
                 continue  # done, or placed again already (the ledger places the replicas it restricts first)
             ts.worker_restrictions = None
             self.plan(ts, self.needs(ts), cap, exclude=worker)
+        self._plan_done(worker)  # its person's plan stays while another credential of theirs holds pins
 
-    def report(self) -> dict[str, dict[str, float]]:
+    def report(self, by_person: bool = False) -> dict[str, dict[str, float]]:
+        """``{volunteer: {array id: fraction received}}``; ``by_person``: ``{person: ...}`` over their credentials."""
         out: dict[str, dict[str, float]] = {}
-        for name, arrays in sorted(self.received.items()):
+        for name, arrays in sorted((self.learned if by_person else self.received).items()):
             fractions = {aid: cov.covered() / cov.size for aid, cov in sorted(arrays.items()) if cov.size}
             if fractions:
                 out[name] = fractions

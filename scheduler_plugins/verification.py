@@ -6,9 +6,10 @@ their own task metadata, read here when the scheduler accepts the check's result
 from lab workers; a check run the scheduler cancelled, because its input was lost and
 recomputed elsewhere, does not count).
 
-Every replica-method result is replicated on a different volunteer, or recomputed by the
-lab when there is none.  Replica agreement alone is no proof (one person may hold both
-credentials, and they agree on whatever they return), so the lab audits: for each replica
+Every replica-method result is replicated on a volunteer of a different person (as the admin
+enrolled them: ``goblin enroll --person``), or recomputed by the lab when there is none.
+Replica agreement alone is no proof (two people may collude, or one person hold credentials
+enrolled as two), and they agree on whatever they return, so the lab audits: for each replica
 pair it draws, from its own random generator and never from the task, whether it recomputes
 the task itself even when the two agree (``goblin.verification.audit-rate``, 0.05).  A
 cheater who returns wrong numbers on ``k`` tasks, every one replicated by a colluder,
@@ -287,9 +288,18 @@ class VerificationLedger(SchedulerPlugin):
                 continue
             self._place(ts, excluded)
 
+    def may_run(self, key, name: str | None, excluded=None) -> bool:
+        """May volunteer ``name`` run task ``key``?  Not one of ``excluded`` (default: the names ``key`` is
+        restricted away from), nor, for a replica, any credential of the person whose result it checks: one
+        person's two credentials agree on whatever they like (issue 29)."""
+        if name in (self.restricted.get(key, ()) if excluded is None else excluded):
+            return False
+        checked = self.replicas.get(key)
+        return not checked or self.admission.person(name) not in {self.admission.person(n) for n in checked}
+
     def _restrict(self, ts, excluded) -> bool:
-        """Only volunteers whose names are not ``excluded`` may run ``ts``; False when there are none."""
-        eligible = {a for a in self.admission.volunteers() if self.admission.names.get(a) not in excluded}
+        """Only volunteers :meth:`may_run` ``ts`` besides ``excluded`` may run it; False when none is connected."""
+        eligible = {a for a in self.admission.volunteers() if self.may_run(ts.key, self.admission.names.get(a), excluded)}
         if not eligible:
             return False
         ts.worker_restrictions = eligible
@@ -493,6 +503,10 @@ class VerificationLedger(SchedulerPlugin):
             "rejections": [dict(r) for r in self.rejections],
             # {volunteer: {lab array id: fraction of its elements received}} (scheduler_plugins.exposure)
             "exposure": exposure.report() if (exposure := self.scheduler.plugins.get("goblin-exposure")) else {},
+            # the same, summed over each person's credentials (what max-exposure bounds; goblin enroll --person)
+            "exposure_by_person": exposure.report(by_person=True) if exposure else {},
+            # {volunteer: {"believed", "unsent"}}: its cache hints counted, and keys it named but was never sent
+            "cache_hints": hints.report() if (hints := self.scheduler.plugins.get("goblin-volunteer-cache")) else {},
             # catalog tasks sent to volunteers, and kept at the lab with why ({reason: count}; the reasons and the
             # settings that would send them out: goblin_dask.array.placement.KEPT_AT_LAB), in all and per researcher
             **dict(zip(("placement", "placement_by_researcher"), placement.count.report(researcher, researcher is not None)

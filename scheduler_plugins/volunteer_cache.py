@@ -9,24 +9,31 @@ task reading those keys (``Scheduler.get_comm_cost``, which ``worker_objective``
 use), so distributed's own choice (earliest start: queue plus transfer) picks it while it is not
 busier than the transfer it saves.
 
-The hint is untrusted and costs a liar nothing but itself: at most
-:data:`~goblin_dask.volunteer.panel_cache.MAX_HINT_KEYS` keys per volunteer are believed, only keys of the
-lab's data blocks are accepted, and a volunteer that claims keys it lacks attracts tasks that it
-then fetches the inputs of (or computes wrong and is rejected: every result is checked against the
-lab's own copy).  Cost per placement decision: a set lookup per input of the task, per candidate.
+The hint is untrusted and costs a liar nothing but itself: only keys of the lab's data blocks that the
+lab sent that volunteer (inputs of tasks it was given, the latest :data:`SENT_KEPT`) are believed, at most
+:data:`~goblin_dask.volunteer.panel_cache.MAX_HINT_KEYS` of them; the rest are counted and ignored.  Before,
+a volunteer could name blocks it never received (their names follow from one task's) and look cheapest for
+every task reading them, then sit on those tasks until their deadlines (issue 29).  A volunteer that holds
+what it was sent and stalls is the per-task deadline's (:mod:`scheduler_plugins.verification`); one that
+computes wrong is rejected (every result is checked against the lab's own copy).  Cost per placement
+decision: a set lookup per input of the task, per candidate; per task sent to a volunteer, one per input.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections import OrderedDict
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS
+from goblin_dask.volunteer.panel_cache import HINT_OP, MAX_HINT_KEYS, cacheable_key
 
 logger = logging.getLogger("goblin_dask.volunteer_cache")
+
+#: Lab data blocks remembered per volunteer as sent to it (the latest first kept): what its hints may name.
+SENT_KEPT = 4 * MAX_HINT_KEYS
 
 
 class VolunteerCachePlugin(SchedulerPlugin):
@@ -35,8 +42,12 @@ class VolunteerCachePlugin(SchedulerPlugin):
     def __init__(self, scheduler, admission):
         self.scheduler = scheduler
         self.admission = admission
-        #: volunteer address -> keys it says it holds (at most MAX_HINT_KEYS)
+        #: volunteer address -> keys it says it holds (at most MAX_HINT_KEYS, each one the lab sent it)
         self.held: dict[str, set] = {}
+        #: volunteer name -> lab data blocks the lab sent it (inputs of its tasks; the latest SENT_KEPT)
+        self.sent: dict[str, OrderedDict] = {}
+        #: volunteer name -> keys its hints named that the lab never sent it (ignored)
+        self.unsent: dict[str, int] = {}
         self.hints = 0
         scheduler.stream_handlers[HINT_OP] = self.cached
         self._get_comm_cost = scheduler.get_comm_cost
@@ -48,11 +59,43 @@ class VolunteerCachePlugin(SchedulerPlugin):
             return
         self.hints += 1
         held = self.held.setdefault(worker, set())
-        held.difference_update(remove)
+        held.difference_update(tuple(k) for k in remove)
+        name = self.admission.names.get(worker, worker)
+        sent = self.sent.get(name, {})
         for key in add:
-            if len(held) >= MAX_HINT_KEYS:
-                break
-            held.add((sys.intern(key[0]), *key[1:]))  # honest volunteers name the same blocks: one name kept
+            key = (sys.intern(key[0]), *key[1:])  # honest volunteers name the same blocks: one name kept
+            if key not in sent:
+                self.unsent[name] = self.unsent.get(name, 0) + 1
+            elif len(held) < MAX_HINT_KEYS:
+                held.add(key)
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        """A task going to a volunteer: the lab data blocks among its inputs are sent to it."""
+        if finish != "processing":
+            return
+        ts = self.scheduler.tasks.get(key)
+        ws = ts.processing_on if ts is not None else None
+        if ws is None or not self.admission.is_volunteer(ws.address):
+            return
+        name = self.admission.names.get(ws.address, ws.address)
+        sent = self.sent.get(name)
+        for dts in ts.dependencies:
+            if cacheable_key(dts.key):
+                if sent is None:
+                    sent = self.sent[name] = OrderedDict()
+                sent[dts.key] = None
+                sent.move_to_end(dts.key)
+                if len(sent) > SENT_KEPT:
+                    sent.popitem(last=False)
+
+    def report(self) -> dict[str, dict[str, int]]:
+        """``{volunteer: {"believed": keys counted as held now, "unsent": keys named that it was never sent}}``."""
+        names = {n for n in self.unsent} | {self.admission.names.get(a, a) for a in self.held}
+        believed: dict[str, int] = {}
+        for addr, held in self.held.items():
+            name = self.admission.names.get(addr, addr)
+            believed[name] = believed.get(name, 0) + len(held)
+        return {n: {"believed": believed.get(n, 0), "unsent": self.unsent.get(n, 0)} for n in sorted(names)}
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.held.pop(worker, None)

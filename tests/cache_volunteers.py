@@ -8,7 +8,11 @@ Run as ``python -m tests.cache_volunteers --attack KIND [--trigger PATH] ADDRESS
   its cache is a tampered copy (its largest element times 1 + 1e-3); what it fetches is honest;
 * ``bad-hint-key``, ``bad-hint-many``, ``bad-hint-field``, ``bad-hint-type``: once PATH exists,
   sends a malformed ``goblin-cached`` message on its own worker stream (a key that is no block of
-  the lab's data, more keys than allowed, an unknown field, a list that is no list).
+  the lab's data, more keys than allowed, an unknown field, a list that is no list);
+* ``lure``: announces as cached every block ``(source-<token>, i, j)``, i, j < 32, of each lab array it has
+  seen one block of (1024 keys each, nearly all never sent to it), to look cheapest for every task reading
+  them, and never finishes a task (its kernels block); it writes the lab data blocks its tasks named to
+  ``lure-<pid>.json`` in its working directory (what the lab sent it).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import sys
 
 import numpy as np
 
-ATTACKS = ("tamper", "bad-hint-key", "bad-hint-many", "bad-hint-field", "bad-hint-type")
+ATTACKS = ("tamper", "bad-hint-key", "bad-hint-many", "bad-hint-field", "bad-hint-type", "lure")
+#: The block indices a lure announces per lab array (32 x 32 = MAX_HINT_KEYS keys).
+LURE_SPAN = 32
 
 logger = logging.getLogger("tests.cache_volunteers")
 
@@ -38,6 +44,49 @@ def bad_hint(kind: str) -> dict:
     if kind == "bad-hint-type":
         return {"op": HINT_OP, "add": "source-" + "ab" * 16, "remove": []}
     raise ValueError(kind)
+
+
+def lure() -> None:
+    """Patch the agent into a lure (see the module docstring)."""
+    import json
+    import threading
+
+    from goblin_dask.ops.spec import OpSpec
+    from goblin_dask.volunteer import worker
+    from goblin_dask.volunteer.panel_cache import HINT_OP, cacheable_key
+
+    def stalled(self, *args, **params):
+        threading.Event().wait()  # holds the task (and its thread) until the lab takes it back
+
+    OpSpec.__call__ = stalled
+    honest_class = worker.volunteer_worker_class
+    record = os.path.join(os.getcwd(), f"lure-{os.getpid()}.json")
+
+    def lure_class():
+        class LureWorker(honest_class()):
+            async def start_unsafe(self):
+                result = await super().start_unsafe()
+                self.loop.add_callback(self.announce)
+                return result
+
+            async def announce(self):
+                named, arrays = set(), set()
+                while True:
+                    await asyncio.sleep(0.2)
+                    seen = {k for k in list(self.state.tasks) if cacheable_key(k)}
+                    if seen - named:
+                        named |= seen
+                        with open(record, "w") as f:
+                            json.dump(sorted(map(list, named)), f)
+                    for array in sorted({k[0] for k in seen} - arrays):
+                        arrays.add(array)
+                        keys = [(array, i, j) for i in range(LURE_SPAN) for j in range(LURE_SPAN)]
+                        logger.warning("cache_volunteers: announcing %d blocks of %s", len(keys), array)
+                        self.batched_stream.send({"op": HINT_OP, "add": keys, "remove": []})
+
+        return LureWorker
+
+    worker.volunteer_worker_class = lure_class
 
 
 def main(argv: list[str]) -> None:
@@ -67,6 +116,8 @@ def main(argv: list[str]) -> None:
             return bad
 
         PanelCache.get = tampered_get
+    elif kind == "lure":
+        lure()
     else:
         from goblin_dask.volunteer import worker  # where the agent looks its worker class up
 

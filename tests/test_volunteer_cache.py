@@ -189,6 +189,31 @@ def test_a_tampered_cached_panel_is_a_rejected_result(tmp_path):
     assert not report["volunteers"][honest]["banned"] and report["volunteers"][honest]["rejected"] == 0, report
 
 
+def test_a_volunteer_announcing_blocks_it_was_never_sent_attracts_nothing_and_stalls_into_its_deadlines(tmp_path):
+    """Issue 29: a volunteer named as cached every block of each lab array it saw one block of (1024 keys, the
+    names follow from one), so that it looked cheapest for every task reading them, and sat on what it got.
+    Now only blocks the lab sent it count (at most MAX_HINT_KEYS); what it holds is reissued at the per-task
+    deadline, and the researcher's product is numpy's beside an honest volunteer."""
+    from tests.cache_volunteers import LURE_SPAN
+
+    with dask.config.set({"goblin.verification.deadline": 5.0}), \
+            LabNode.local(volunteers=1, state_dir=tmp_path / "lab", dashboard=False) as node, node.client.as_current():
+        [honest] = node.volunteer_names()
+        lure = node.add_volunteer(module="tests.cache_volunteers", extra_args=("--attack", "lure"))
+        a, b, product = _inputs()
+        got = product.compute()
+        report = node.report()
+        record = node.state_dir / f"lure-{node.processes[lure].pid}.json"
+        sent = {tuple(k) for k in json.loads(record.read_text())} if record.exists() else set()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-10)
+    hints = report["cache_hints"].get(lure, {"believed": 0, "unsent": 0})
+    assert sent and hints["believed"] <= len(sent), (hints, sent)  # only what the lab sent it counts ...
+    assert hints["unsent"] >= LURE_SPAN**2 - len(sent), (hints, sent)  # ... of all it named
+    assert report["volunteers"][lure]["late"] >= 1 and report["reissued"] >= 1, report["volunteers"]
+    mine = report["volunteers"][honest]
+    assert mine["accepted"] > 0 and mine["rejected"] == 0 and not mine["banned"], mine
+
+
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     """A lab node with one honest volunteer; each malformed-hint test adds its hostile one."""

@@ -152,9 +152,10 @@ class LabNode:
             time.sleep(0.1)
 
     # -- volunteers ---------------------------------------------------------
-    def enroll(self, name: str | None = None) -> str:
-        """A new volunteer credential; with ``.address`` it is all a volunteer needs."""
-        return issue_credential(self.state_dir, "volunteer", name).encode()
+    def enroll(self, name: str | None = None, person: str | None = None) -> str:
+        """A new volunteer credential, held by ``person`` (as ``goblin enroll --person``; default: its name);
+        with ``.address`` it is all a volunteer needs."""
+        return issue_credential(self.state_dir, "volunteer", name, person).encode()
 
     def add_volunteer(self, credential: str | None = None, *, nthreads: int | None = None, memory_limit=None,
                       wait: bool = True, timeout: float = 120, extra_args: tuple[str, ...] = (),
