@@ -466,8 +466,13 @@ class VerificationLedger(SchedulerPlugin):
     def _bans(self) -> list[dict[str, Any]]:
         return [dict(b) for b in getattr(self.admission, "bans", ())]
 
-    def report_handler(self, comm=None) -> dict[str, Any]:
-        """``goblin_report``: a researcher sees only its own row of ``placement_by_researcher``."""
+    def report_handler(self, comm=None, brief: bool = False) -> dict[str, Any]:
+        """``goblin_report``: a researcher sees only its own row of ``placement_by_researcher``.  ``brief``: only
+        the counters (tasks, accepted, rejected, by method), what a Trainer reads twice a round: the whole
+        report walks every lab array's exposure account, which grows with every round's batch."""
+        if brief is True:
+            return {"tasks": self.tasks, "accepted": sum(v.accepted for v in self.volunteers.values()),
+                    "rejected": sum(v.rejected for v in self.volunteers.values()), "by_method": dict(self.by_method)}
         role, name = (peer_identity(comm) if comm is not None else None) or (None, None)
         return self.report(researcher=name if role == "researcher" else None)
 

@@ -648,6 +648,11 @@ def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_i
     assert len(flat) == 1
     assert flat[0].kwargs["lab_array"][1] == (sum(p.numel() for p in model.parameters()),)
     assert trainer.step(*batches[1]) == pytest.approx(_torch_round(ref, opt, *batches[1], 2), rel=1e-4)
+    # the counters a round asks for twice, without the whole report (whose exposure account grows every round)
+    client = stage_grid.client
+    brief, full = client.sync(client.scheduler.goblin_report, brief=True), stage_grid.report()
+    assert brief == {k: full[k] for k in ("tasks", "accepted", "rejected", "by_method")}
+    assert trainer.history[-1]["verification"]["tasks"] > 0
     path = trainer.save(tmp_path)  # from the lab worker's copy
     again = copy.deepcopy(model)
     resumed = Trainer.resume(path, again, lm_loss, make(again), micro_batches=2, client=stage_grid.client)

@@ -688,3 +688,73 @@ def train_mlp_beside(cheat: str, *, seed: int, rounds: int, batch_seed: int, opt
     ref_losses = torch_rounds(ref, F.cross_entropy, ref_opt, batches, 4)
     assert_same_training(trainer, [h["loss"] for h in history], ref, ref_losses, 1e-4)
     return honest, other, report, history
+
+
+def _numpy_adam(p, g, state, h):
+    """torch's single-tensor Adam written with NumPy operations, in torch's order: the one-pass kernel's oracle."""
+    if h["maximize"]:
+        g = -g
+    step = float(state.get("step", 0.0)) + 1
+    state["step"] = step
+    lr, (beta1, beta2), wd = h["lr"], h["betas"], h["weight_decay"]
+    if wd != 0:
+        if h["decoupled_weight_decay"]:
+            p = p * (1 - lr * wd)
+        else:
+            g = g + wd * p
+    ea, eas = state.get("exp_avg", np.zeros_like(p)), state.get("exp_avg_sq", np.zeros_like(p))
+    w = 1 - beta1
+    ea = ea + w * (g - ea) if w < 0.5 else g - (g - ea) * (1 - w)
+    eas = eas * beta2 + (1 - beta2) * g * g
+    state["exp_avg"], state["exp_avg_sq"] = ea, eas
+    if h["amsgrad"]:
+        eas = np.maximum(state.get("max_exp_avg_sq", np.zeros_like(p)), eas)
+        state["max_exp_avg_sq"] = eas
+    denom = np.sqrt(eas) / (1 - beta2 ** step) ** 0.5 + h["eps"]
+    return p + (-(lr / (1 - beta1 ** step))) * (ea / denom)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_one_pass_adam_step_gives_numpys_numbers_bit_for_bit_and_leaves_its_inputs(dtype):
+    """The lab's optimizer step runs Adam in one numba pass (AdamW's defaults and every other branch): the same
+    bits as NumPy's operations in torch's order, over steps, for every option, zeros and a NaN included; the
+    state that came in (a value the lab worker may still hold) is never written; and within rounding of torch."""
+    import itertools
+
+    from goblin_dask.training import optim
+
+    rng = np.random.default_rng(3)
+    for amsgrad, maximize, wd, decoupled, beta1 in itertools.product((False, True), (False, True), (0.0, 0.01),
+                                                                      (False, True), (0.9, 0.3)):
+        h = dict(lr=1e-2, betas=(beta1, 0.999), weight_decay=wd, decoupled_weight_decay=decoupled, amsgrad=amsgrad,
+                 maximize=maximize, eps=1e-8)
+        want_p = got_p = rng.standard_normal((7, 33)).astype(dtype)
+        want_s, got_s = {}, {}
+        for k in range(3):
+            g = rng.standard_normal((7, 33)).astype(dtype)
+            g[0, :3] = 0
+            if k == 2:
+                g[1, 1] = np.nan
+            came_in = [(v, v.copy()) for v in (got_p, g, *got_s.values()) if isinstance(v, np.ndarray)]
+            want_p = _numpy_adam(want_p, g, want_s, h)
+            got_p = optim.adam(got_p, g, got_s, h)
+            assert got_p.dtype == dtype and got_p.shape == (7, 33)
+            np.testing.assert_array_equal(got_p, want_p, err_msg=str(h))
+            assert set(got_s) == set(want_s)
+            for n in want_s:
+                np.testing.assert_array_equal(np.asarray(got_s[n]), np.asarray(want_s[n]), err_msg=n)
+            for v, copy_ in came_in:  # the inputs, state included, as they came
+                np.testing.assert_array_equal(v, copy_)
+    # beside torch's AdamW itself
+    p = torch.randn(500, dtype=torch.float32 if dtype == np.float32 else torch.float64)
+    mine, state = p.numpy().copy(), {}
+    p = p.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([p], lr=1e-2)
+    h = dict(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01, decoupled_weight_decay=True, amsgrad=False,
+             maximize=False, eps=1e-8)
+    for _ in range(4):
+        g = torch.randn_like(p)
+        p.grad = g.clone()
+        opt.step()
+        mine = optim.adam(mine, g.numpy(), state, h)
+    np.testing.assert_allclose(mine, p.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -40,26 +40,40 @@ def sgd(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
 
 
 def adam(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
-    """torch.optim.adam._single_tensor_adam (AdamW: ``decoupled_weight_decay``)."""
-    if h["maximize"]:
-        g = -g
+    """torch.optim.adam._single_tensor_adam (AdamW: ``decoupled_weight_decay``): in one pass where it can
+    (:mod:`goblin_dask.training._adam_kernel`, the same numbers), else NumPy's operations."""
     step = float(state.get("step", 0.0)) + 1
     state["step"] = step
     lr, (beta1, beta2), wd = h["lr"], h["betas"], h["weight_decay"]
+    w = 1 - beta1
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = lr / bias_correction1
+    ea = state.get("exp_avg", np.zeros_like(p))
+    eas = state.get("exp_avg_sq", np.zeros_like(p))
+    if isinstance(p, np.ndarray) and isinstance(g, np.ndarray):
+        from goblin_dask.training._adam_kernel import adam_step
+
+        mx = state.get("max_exp_avg_sq", np.zeros_like(p)) if h["amsgrad"] else None
+        decay = 0 if wd == 0 else 1 if h["decoupled_weight_decay"] else 2
+        done = adam_step(p, g, np.asarray(ea), np.asarray(eas), None if mx is None else np.asarray(mx),
+                         [1 - lr * wd, wd, w, 1 - w, beta2, 1 - beta2, -step_size, bias_correction2 ** 0.5, h["eps"]],
+                         bool(h["maximize"]), decay, w < 0.5)
+        if done is not None:
+            new_p, state["exp_avg"], state["exp_avg_sq"], new_max = done
+            if new_max is not None:
+                state["max_exp_avg_sq"] = new_max
+            return new_p
+    if h["maximize"]:
+        g = -g
     if wd != 0:
         if h["decoupled_weight_decay"]:
             p = p * (1 - lr * wd)
         else:
             g = g + wd * p
-    ea = state.get("exp_avg", np.zeros_like(p))
-    eas = state.get("exp_avg_sq", np.zeros_like(p))
-    w = 1 - beta1
     ea = ea + w * (g - ea) if w < 0.5 else g - (g - ea) * (1 - w)  # torch's lerp
     eas = eas * beta2 + (1 - beta2) * g * g
     state["exp_avg"], state["exp_avg_sq"] = ea, eas
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    step_size = lr / bias_correction1
     if h["amsgrad"]:
         eas = np.maximum(state.get("max_exp_avg_sq", np.zeros_like(p)), eas)
         state["max_exp_avg_sq"] = eas

@@ -807,7 +807,7 @@ class Trainer:
             from goblin_dask.node import rpc
 
             c = self._client()
-            return c.sync(getattr(c.scheduler, rpc.REPORT))
+            return c.sync(getattr(c.scheduler, rpc.REPORT), brief=True)
         except Exception:  # a plain dask cluster without the ledger
             return None
 
