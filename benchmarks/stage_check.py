@@ -58,7 +58,7 @@ def joint(model, loss, x, y):
     g = trace(model, loss, x, y, [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
     state = [p.detach().numpy() for p in model.parameters()] + [b.numpy() for b in model.buffers()]
     prog = g.stage_program([a.shape for a in state] + [x.shape, y.shape])
-    return prog.spec, state + [x, y] + [g._constant_value(k) for k in g._stage_names()[len(g.inputs):]]
+    return prog.spec, state + [x, y] + [g.flat_constant_value(group) for _, group in g.constant_groups()]
 if workload == "GPT forward and backward":
     def lm(logits, y):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -73,7 +73,7 @@ else:
     ids = rng.integers(0, 128, (4, 64))
     graph = goblin_dask.capture(gpt(128, 64, 2, 64, 2), torch.as_tensor(ids))
     spec = graph.stage_program([ids.shape]).spec
-    inputs = [ids, *(graph._constant_value(k) for k in graph._stage_names()[1:])]
+    inputs = [ids, *(graph.flat_constant_value(group) for _, group in graph.constant_groups())]
 with threadpoolctl.threadpool_limits(int(sys.argv[5])):
     result = run(*inputs, program=spec)
 pickle.dump((spec, result), open(out, "wb"))

@@ -43,8 +43,7 @@ def _joint_program(model, x, y):
     params = [p.detach().numpy() for p in model.parameters()]
     bufs = [b.numpy() for b in model.buffers()]
     prog = g.stage_program([a.shape for a in params + bufs] + [x.shape, y.shape])
-    names = g._stage_names()
-    inputs = params + bufs + [x, y] + [g._constant_value(k) for k in names[len(g.inputs):]]
+    inputs = params + bufs + [x, y] + [g.flat_constant_value(group) for _, group in g.constant_groups()]
     return prog, inputs
 
 
@@ -65,8 +64,9 @@ def test_a_forward_program_gives_torchs_numbers():
     prog = graph.stage_program([ids.shape])
     assert prog is not None and prog.steps > 50
     assert program_violation(prog.spec) is None
-    names = graph._stage_names()
-    out, = unpack(run(ids, *(graph._constant_value(k) for k in names[1:]), program=prog.spec), prog.spec)
+    flats = [graph.flat_constant_value(group) for _, group in graph.constant_groups()]
+    assert len(flats) < len(graph._stage_names()) - 1  # the constants as one vector per dtype
+    out, = unpack(run(ids, *flats, program=prog.spec), prog.spec)
     want = model(torch.as_tensor(ids)).detach().numpy()
     np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
 
@@ -184,7 +184,7 @@ x, y = rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 
 g = trace(model, F.cross_entropy, x, y, [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()])
 state = [p.detach().numpy() for p in model.parameters()] + [b.numpy() for b in model.buffers()]
 prog = g.stage_program([a.shape for a in state] + [x.shape, y.shape])
-inputs = state + [x, y] + [g._constant_value(k) for k in g._stage_names()[len(g.inputs):]]
+inputs = state + [x, y] + [g.flat_constant_value(group) for _, group in g.constant_groups()]
 with threadpoolctl.threadpool_limits(int(sys.argv[2])):
     np.save(sys.argv[1], run(*inputs, program=prog.spec))
 import pickle; pickle.dump(prog.spec, open(sys.argv[1] + ".spec", "wb"))
@@ -298,8 +298,16 @@ def test_a_captured_gpt_runs_as_stage_tasks_on_the_grid(stage_grid):
     graph = goblin_dask.capture(model, torch.as_tensor(ids))
     before = stage_grid.report()
     out = graph(ids)
-    programs = [k for k, v in dict(out.__dask_graph__()).items() if isinstance(v, CatalogTask) and v.op.name == "program"]
+    dsk = dict(out.__dask_graph__())
+    programs = [k for k, v in dsk.items() if isinstance(v, CatalogTask) and v.op.name == "program"]
     assert len(programs) == 2  # one per volunteer thread, each a slice of the batch
+    # the model's constants as one flat lab array per dtype (one task, one fetch), not one per constant
+    from goblin_dask.array.sources import lab_block
+
+    sources = [v for v in dsk.values() if getattr(v, "func", None) is lab_block]
+    held = {v.dtype for v in graph.constants.values()} | {v.dtype for v in graph._folded().values()}
+    assert len(graph._stage_names()) - len(graph.inputs) > 20
+    assert len(sources) <= len(held) + 1  # (and the token ids, where they are not small enough to ride along)
     got = out.compute()
     np.testing.assert_allclose(got, model(torch.as_tensor(ids)).detach().numpy(), rtol=1e-4, atol=1e-5)
     after = stage_grid.report()

@@ -171,12 +171,9 @@ class Graph:
 
         Kept per client: a graph first called under one lab node (or none) and then under another must
         not hand the second one Futures of the first (their keys do not exist there)."""
-        from goblin_dask.array.sources import from_numpy_like, upload_client
+        from goblin_dask.array.sources import from_numpy_like
 
-        client = upload_client()
-        client_id = None if client is None else client.id
-        if client_id != self._lab_client:
-            self._lab, self._lab_client = {}, client_id
+        self._lab_cache()
         if name not in self._lab:
             v = self._constant_value(name)
             # every pass reads the parameters again: on the lab worker once, whatever their size; a model's
@@ -184,6 +181,17 @@ class Graph:
             self._lab[name] = v[()] if v.ndim == 0 else from_numpy_like(v, "auto", upload_min_bytes=1,
                                                                         kind="parameters")
         return self._lab[name]
+
+    def _lab_cache(self) -> dict:
+        """The lab arrays of the constants (:meth:`_constant`, :meth:`_flat_constant`) for the client a compute
+        would use now, emptied when that client changes."""
+        from goblin_dask.array.sources import upload_client
+
+        client = upload_client()
+        client_id = None if client is None else client.id
+        if client_id != self._lab_client:
+            self._lab, self._lab_client = {}, client_id
+        return self._lab
 
     def _constant_value(self, name: str) -> np.ndarray:
         """A constant of the model, or a node folded from them (:meth:`_folded`)."""
@@ -299,9 +307,34 @@ class Graph:
         lab = [k for k in self.constant_specs if k in used] + [k for k in folded if k in used]
         return [i["name"] for i in self.inputs] + lab
 
+    def constant_groups(self) -> list[tuple[np.dtype, list[str]]]:
+        """The constants and folded nodes a stage program reads (:meth:`_stage_names`), grouped by dtype in order:
+        the program reads each group as one flat vector (:meth:`_flat_constant`), one lab task and one fetch per
+        pass instead of one per constant (a GPT has dozens)."""
+        groups: dict[str, list[str]] = {}
+        for k in self._stage_names()[len(self.inputs):]:
+            groups.setdefault(self._constant_value(k).dtype.str, []).append(k)
+        return [(np.dtype(dt), names) for dt, names in groups.items()]
+
+    def _flat_constant(self, names: Sequence[str]) -> Any:
+        """Constants ``names`` (one dtype) as one flat lab array, on the lab worker of the current client (kept
+        as :meth:`_constant` keeps each: its content names it, so the volunteers' panel cache keeps it)."""
+        lab, key = self._lab_cache(), ("flat", *names)
+        if key not in lab:
+            from goblin_dask.array.sources import from_numpy_like
+
+            lab[key] = from_numpy_like(self.flat_constant_value(names), -1, upload_min_bytes=1, kind="parameters")
+        return lab[key]
+
+    def flat_constant_value(self, names: Sequence[str]) -> np.ndarray:
+        """Constants ``names`` (one dtype, a group of :meth:`constant_groups`) raveled into one vector: what
+        :meth:`stage_program` reads for them."""
+        return np.concatenate([np.asarray(self._constant_value(k)).reshape(-1) for k in names])
+
     def stage_program(self, shapes: Sequence[tuple]) -> Any:
         """The whole graph as one stage program for inputs of ``shapes`` (traced once per shapes), or None
-        where it cannot be one (:class:`goblin_dask.array.program.ProgramUnavailable`)."""
+        where it cannot be one (:class:`goblin_dask.array.program.ProgramUnavailable`).  The program reads
+        the inputs, then one flat vector per dtype of the constants (:meth:`constant_groups`)."""
         from goblin_dask.array import program as prog
 
         key = tuple(tuple(int(d) for d in s) for s in shapes)
@@ -311,14 +344,24 @@ class Graph:
             # traced once would draw the same numbers every call
             cache[key] = None
         if key not in cache:
+            import goblin_dask.array as ga
             from goblin_dask.ops.spec import Aval
 
             names = self._stage_names()
+            groups = self.constant_groups()
             avals = [Aval(s, np.dtype(i["dtype"])) for s, i in zip(key, self.inputs)]
-            avals += [Aval.of(self._constant_value(k)) for k in names[len(self.inputs):]]
+            avals += [Aval((sum(self._constant_value(k).size for k in group),), dt) for dt, group in groups]
 
             def fn(*arrays):
-                return self._evaluate(dict(zip(names, arrays)))
+                env = dict(zip(names, arrays[:len(self.inputs)]))
+                for flat, (_, group) in zip(arrays[len(self.inputs):], groups):
+                    at = 0
+                    for k in group:
+                        shape = self._constant_value(k).shape
+                        n = math.prod(shape)
+                        env[k] = ga.reshape(flat[at:at + n], shape)
+                        at += n
+                return self._evaluate(env)
 
             try:
                 cache[key] = prog.trace(fn, avals)
@@ -572,7 +615,7 @@ class Graph:
         batch = min((x.shape[0] for x, b in zip(inputs, batched) if b), default=1)
         slices = 1 if not any(batched) else min(slices, batch)
         bounds = [(b * batch // slices, (b + 1) * batch // slices) for b in range(slices)]
-        lab = [self._constant(k) for k in names[len(self.inputs):]]
+        lab = [self._flat_constant(group) for _, group in self.constant_groups()]
         parts = []
         for lo, hi in bounds:
             xs = [x[lo:hi] if b and slices > 1 else x for x, b in zip(inputs, batched)]
