@@ -257,8 +257,8 @@ class AdmissionPlugin(SchedulerPlugin):
             self.persons[ident.name] = person
         slots = {VOLUNTEER_RESOURCE: float(nthreads)} if ident.role == "volunteer" else {LAB_RESOURCE: LAB_SLOTS}
         if ident.role == "volunteer":
-            logger.info("admitted volunteer %s (person %s) at %s; its register-worker's (entries, bytes of text): %s",
-                        ident.name, person, address, ", ".join(f"{f} {n}/{b}" for f, (n, b) in sorted(sizes.items())))
+            logger.info("admitted volunteer %s at %s (person %s); its register-worker's (entries, bytes of text): %s",
+                        ident.name, address, person, ", ".join(f"{f} {n}/{b}" for f, (n, b) in sorted(sizes.items())))
         else:
             logger.info("admitted %s %s at %s", ident.role, ident.name, address)
         return await self._add_worker(comm, address=address, name=ident.name, extra=extra or {},
