@@ -16,6 +16,7 @@ EXIT_OTHER_LAB = 5  # the credential was issued by another lab node (another CA)
 EXIT_REVOKED = 6  # the credential was revoked on this lab node
 EXIT_PORT_IN_USE = 7  # goblin node: a port it must listen on is taken
 EXIT_WRONG_ROLE = 8  # a credential of another role (a volunteer's used to connect as a researcher)
+EXIT_HOSTILE_LAB = 9  # goblin volunteer: the lab node named addresses a volunteer does not dial, or sent what no lab sends
 
 
 class FatalConnectError(ConnectionError):

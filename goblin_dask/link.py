@@ -39,6 +39,11 @@ serves it as if it had accepted it, and opens a new standby connection.  What it
 costs: two idle TLS connections per lab process per volunteer, and one round trip
 (the activation) the first time a lab process reaches a volunteer; distributed's
 connection pool keeps an activated connection for reuse.
+
+**What a volunteer dials and reads** (:func:`install_volunteer_side`): ``tls://`` addresses on the lab's host
+(and ``goblin.link.lab-hosts``) only, whoever names them; messages within bounds checked before a buffer is
+allocated; at most ``goblin.link.volunteer-connections`` open at a lab process for the lab to use.  A scheduler
+naming anything else is the lab itself being hostile: the volunteer leaves it.
 """
 
 from __future__ import annotations
@@ -56,13 +61,14 @@ from ssl import SSLError
 from typing import Any, Callable
 
 import dask
-from distributed.comm.core import CommClosedError, Connector, Listener
+from distributed.comm.core import CommClosedError, Connector, FatalCommClosedError, Listener
 from distributed.comm.registry import Backend, backends
 from distributed.comm.tcp import (
     TLS,
     TLSBackend,
     TLSConnector,
     TLSListener,
+    _close_comm,
     convert_stream_closed_error,
     get_stream_address,
     read_bytes_rw,
@@ -341,13 +347,8 @@ class VolunteerComm(TLS):
                 frames.append(await read_bytes_rw(stream, n))
         except Refused as e:
             self._refuse(e)
-        except (StreamClosedError, SSLError) as e:
-            self.stream = None
-            self._closed = True
-            convert_stream_closed_error(self, e)
-        except BaseException:
-            self.abort()
-            raise
+        except BaseException as e:
+            _end_read(self, e)
         finally:
             if reserved:
                 left = _in_flight.get(self.volunteer, 0) - reserved
@@ -399,6 +400,17 @@ class VolunteerComm(TLS):
         refuse(self.volunteer, refusal.reason, refusal.ban)
         self.abort()
         raise CommClosedError(f"goblin lab: refused volunteer {self.volunteer}: {refusal.reason}")
+
+
+def _end_read(comm, error: BaseException):
+    """A read of ``comm`` failed with ``error``: a closed stream raises distributed's CommClosedError; anything
+    else (an OSError, a cancellation) aborts the connection, as distributed's own read does, and is raised."""
+    if isinstance(error, (StreamClosedError, SSLError)):
+        comm.stream = None
+        comm._closed = True
+        convert_stream_closed_error(comm, error)
+    comm.abort()
+    raise error
 
 
 def text_errors_only(msg: Any, volunteer: str) -> Any:
@@ -492,8 +504,9 @@ class HandshakeLog:
 
     MAX_ADDRESSES = 1024
 
-    def __init__(self, kind: str, clock: Callable[[], float] = time.monotonic):
-        self.level, self.line = HANDSHAKE_FAILURES[kind]
+    def __init__(self, kind: str, clock: Callable[[], float] = time.monotonic, *,
+                 level_line: tuple[int, str] | None = None):
+        self.level, self.line = level_line or HANDSHAKE_FAILURES[kind]
         self.clock = clock
         self.last: float | None = None
         self.held, self.held_from = 0, set()
@@ -503,7 +516,10 @@ class HandshakeLog:
         if self.last is not None and now - self.last < float(settings.get("goblin.link.handshake-log-interval")):
             self.held += 1
             if len(self.held_from) < self.MAX_ADDRESSES:  # a count, so a flood from many addresses stays small
-                self.held_from.add(parse_host_port(parse_address(address)[1])[0])
+                try:
+                    self.held_from.add(parse_host_port(parse_address(address)[1])[0])
+                except ValueError:
+                    self.held_from.add(address)
             return
         many = "+" if len(self.held_from) >= self.MAX_ADDRESSES else ""
         held = (f" ({self.held} more since the last such line, from {len(self.held_from)}{many} address(es))"
@@ -656,14 +672,8 @@ class LabTLSBackend(TLSBackend):
     _listener_class = LabTLSListener
 
 
-class NatBackend(Backend):
-    """``nat://<name>:<n>``: a volunteer reached over connections it opened itself."""
-
-    def get_connector(self):
-        return NatConnector()
-
-    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
-        return NatListener(loc, handle_comm, deserialize, **connection_args)
+class HostPortBackend(Backend):
+    """A backend whose addresses are ``HOST:PORT`` as written (nothing to resolve, no local address)."""
 
     def get_address_host(self, loc):
         return parse_host_port(loc)[0]
@@ -676,6 +686,16 @@ class NatBackend(Backend):
 
     def get_local_address_for(self, loc):
         return ""
+
+
+class NatBackend(HostPortBackend):
+    """``nat://<name>:<n>``: a volunteer reached over connections it opened itself."""
+
+    def get_connector(self):
+        return NatConnector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        return NatListener(loc, handle_comm, deserialize, **connection_args)
 
 
 def install_lab_side() -> None:
@@ -856,6 +876,222 @@ def install_scheduler_side(scheduler, admission) -> None:
 
 
 # -- the volunteer side ----------------------------------------------------------------------
+#
+# A volunteer is a person's machine, and the lab node (or whoever holds the lab's CA) must not be able to use
+# it against its own network: it dials only ``tls://`` addresses on the lab's host (the host it was told to
+# join, or the address its connections there reached) and ``goblin.link.lab-hosts``; it reads bounded messages
+# from the lab; and it keeps a bounded number of connections open for the lab to use.
+
+#: Hosts this volunteer may dial (lower-case, no brackets): the lab's it joined and the IPs that reached.
+_lab_hosts: set[str] = set()
+#: Hosts given as the lab's address (``goblin volunteer tls://HOST:PORT``): the IPs reached there are the lab's too.
+_joined_hosts: set[str] = set()
+#: Largest message of the scheduler's answer naming the lab's endpoints, and of a standby connection's
+#: first message (``goblin_activate``): an honest one is a few hundred bytes.
+ENDPOINTS_MESSAGE = 64 * 2**10
+STANDBY_MESSAGE = 4 * 2**10
+#: Longest endpoint address a volunteer reads (a host name is at most 253 characters).
+MAX_ENDPOINT = 300
+
+
+class LabSent(CommClosedError):
+    """A lab process sent what this volunteer does not read (``reason`` names it); the connection is closed."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+#: One line per ``goblin.link.handshake-log-interval`` seconds on the volunteer's log about what it refused
+#: of the lab's (the next counts those held back): a lab cannot fill a lender's disk with them.
+REFUSAL_LOG = HandshakeLog("other", level_line=(logging.WARNING, "refused what lab process {address} sent: {reason}"))
+
+
+def _norm_host(host: str) -> str:
+    return host.strip("[]").lower()
+
+
+def join_lab(address: str) -> None:
+    """This volunteer joins the lab node at ``address``: its host is the lab's."""
+    try:
+        host = _norm_host(parse_host_port(parse_address(address)[1])[0])
+    except ValueError:
+        return  # no lab to join there: connecting says why
+    _joined_hosts.add(host)
+    _lab_hosts.add(host)
+
+
+def dial_refusal(address: str) -> str | None:
+    """Why this volunteer does not dial ``address`` (None: it does): a scheme other than ``tls://``, or a host
+    other than the lab's and those of ``goblin.link.lab-hosts`` (names, IPs or networks such as 10.0.0.0/24;
+    ``*``: any host)."""
+    import ipaddress
+
+    try:
+        scheme, loc = parse_address(address, strict=True)
+        host = _norm_host(parse_host_port(loc)[0])
+    except (ValueError, TypeError) as e:
+        return f"not an address ({e})"
+    if scheme != "tls":
+        return f"its scheme is {scheme}://: a volunteer dials tls:// only"
+    if host in _lab_hosts:
+        return None
+    for allowed in settings.get("goblin.link.lab-hosts") or ():
+        allowed = _norm_host(str(allowed))
+        if allowed in ("*", host):
+            return None
+        try:
+            if "/" in allowed and ipaddress.ip_address(host) in ipaddress.ip_network(allowed, strict=False):
+                return None
+        except ValueError:
+            continue
+    return (f"{host[:MAX_ENDPOINT]} is not the lab's host ({', '.join(sorted(_lab_hosts)) or 'none yet'}); a lab process on "
+            f"another host is dialled only when goblin.link.lab-hosts names it")
+
+
+class LabPeerComm(TLS):
+    """A volunteer's end of a TLS connection to a lab process: it reads a message only when its announced size
+    is within ``limit`` (default ``goblin.link.max-message``; smaller on standby and endpoint connections), and
+    drops the connection otherwise, before a buffer is allocated or a handler runs."""
+
+    def __init__(self, stream, local_addr: str, peer_addr: str, deserialize: bool = True):
+        super().__init__(stream, local_addr, peer_addr, deserialize)
+        self.limit = max_message()
+        self.gone = asyncio.Event()  # set once the connection is closed, by either end
+        ref = weakref.ref(self)
+
+        def on_close():
+            _close_comm(ref)  # distributed's own
+            comm = ref()
+            if comm is not None:
+                comm.gone.set()
+
+        stream.set_close_callback(on_close)
+
+    async def read(self, deserializers=None):
+        from distributed.comm.utils import from_frames
+        from distributed.protocol.utils import unpack_frames
+
+        stream, limit = self.stream, self.limit
+        if stream is None:
+            raise CommClosedError()
+        try:
+            (size,) = struct.unpack("Q", await stream.read_bytes(8))
+            if size > limit:
+                raise LabSent(f"a message of {size} bytes announced (this volunteer reads at most {limit} here)")
+            try:
+                frames, rest = unpack_frames(await read_bytes_rw(stream, size), partial=True)
+            except Exception as e:
+                raise LabSent(f"a malformed frame header ({type(e).__name__})") from None
+            if any(n < 0 for n in rest) or size + sum(rest) > limit:
+                raise LabSent(f"buffers of {sum(rest)} bytes announced (this volunteer reads at most {limit} here)")
+            for n in rest:
+                frames.append(await read_bytes_rw(stream, n))
+        except LabSent as e:
+            REFUSAL_LOG.failed(self.peer_address, e.reason)
+            self.abort()
+            raise
+        except BaseException as e:
+            _end_read(self, e)
+        try:
+            return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
+                                     allow_offload=self.allow_offload)
+        except EOFError:
+            self.abort()
+            raise CommClosedError("aborted stream on truncated data") from None
+
+
+class VolunteerTLSConnector(TLSConnector):
+    """A volunteer's dials: refused off the lab's host (:func:`dial_refusal`), before any packet leaves."""
+
+    comm_class = LabPeerComm
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        why = dial_refusal("tls://" + address)
+        if why is not None:
+            REFUSAL_LOG.failed("tls://" + str(address)[:MAX_ENDPOINT], f"not dialled: {why}")
+            raise FatalCommClosedError(f"goblin volunteer: not dialling tls://{str(address)[:MAX_ENDPOINT]}: {why}")
+        comm = await super().connect(address, deserialize, **connection_args)
+        if _norm_host(parse_host_port(address)[0]) in _joined_hosts:  # the IP the lab's name actually reached
+            try:
+                _lab_hosts.add(_norm_host(comm.stream.socket.getpeername()[0]))
+            except (AttributeError, OSError, IndexError):
+                pass
+        return comm
+
+
+class VolunteerTLSBackend(TLSBackend):
+    _connector_class = VolunteerTLSConnector
+
+
+class RefusedConnector(Connector):
+    """A volunteer dials no address of this scheme (tcp://, ws://, nat://, ...), whoever names it."""
+
+    def __init__(self, scheme: str):
+        self.scheme = scheme
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        why = f"its scheme is {self.scheme}://: a volunteer dials tls:// only"
+        REFUSAL_LOG.failed(f"{self.scheme}://{str(address)[:MAX_ENDPOINT]}", f"not dialled: {why}")
+        raise FatalCommClosedError(f"goblin volunteer: not dialling {self.scheme}://{str(address)[:MAX_ENDPOINT]}: {why}")
+
+
+class VolunteerNatBackend(NatBackend):
+    """The volunteer's own ``nat://`` listener; it reaches no ``nat://`` address (another volunteer's)."""
+
+    def get_connector(self):
+        return RefusedConnector("nat")
+
+
+class RefusedBackend(HostPortBackend):
+    """A scheme a volunteer neither dials nor listens on."""
+
+    def __init__(self, scheme: str):
+        self.scheme = scheme
+
+    def get_connector(self):
+        return RefusedConnector(self.scheme)
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        raise ValueError(f"goblin volunteer: no {self.scheme}:// listener (a volunteer listens on nat:// only)")
+
+
+#: Schemes distributed knows besides tls and nat: a volunteer dials none of them.
+REFUSED_SCHEMES = ("tcp", "inproc", "ws", "wss", "ucx", "ucxx")
+
+#: Set by the agent (:func:`on_hostile_lab`): called with what the scheduler sent that no lab sends.
+_hostile_lab_handler: Callable[[str], Any] | None = None
+
+
+def on_hostile_lab(handler: Callable[[str], Any] | None) -> None:
+    """``handler(reason)`` is called when the scheduler itself names what this volunteer does not dial: it
+    leaves that lab (``goblin volunteer`` exits naming ``reason``)."""
+    global _hostile_lab_handler
+    _hostile_lab_handler = handler
+
+
+def max_endpoints() -> int:
+    return max(1, int(settings.get("goblin.link.max-endpoints")))
+
+
+def endpoints_refusal(found: Any) -> str | None:
+    """Why the scheduler's answer naming the lab's endpoints is none a lab sends (None: it is one): not a
+    list, more than ``goblin.link.max-endpoints`` entries, an entry that is no string or is too long, or
+    an address this volunteer does not dial (:func:`dial_refusal`)."""
+    if not isinstance(found, (list, tuple)):
+        return f"a {type(found).__name__} where a list of addresses belongs"
+    if len(found) > max_endpoints():
+        return f"{len(found)} endpoints (this volunteer keeps at most goblin.link.max-endpoints = {max_endpoints()})"
+    for endpoint in found:
+        if not isinstance(endpoint, str):
+            return f"an endpoint that is a {type(endpoint).__name__}, not an address"
+        if len(endpoint) > MAX_ENDPOINT:
+            return f"an endpoint of {len(endpoint)} characters ({endpoint[:60]!r}...)"
+        why = dial_refusal(endpoint)
+        if why is not None:
+            return f"endpoint {endpoint!r}: {why}"
+    return None
+
 
 class NatListener(Listener):
     """A volunteer's listener that opens no socket: it keeps standby connections to the lab."""
@@ -880,6 +1116,7 @@ class NatListener(Listener):
         self.serving: set[asyncio.Task] = set()
         self.standby: set = set()
         self._refresher: asyncio.Task | None = None
+        join_lab(goblin_lab)
 
     @property
     def listen_address(self) -> str:
@@ -910,7 +1147,8 @@ class NatListener(Listener):
 
         One connection asks, every ``goblin.link.refresh`` seconds, for as long as it lasts: a new one
         each time cost the scheduler a TLS handshake per volunteer every 5 s (1.2 ms of its CPU a second
-        per idle volunteer, measured with 4)."""
+        per idle volunteer, measured with 4).  An answer no lab sends (:func:`endpoints_refusal`, or over
+        :data:`ENDPOINTS_MESSAGE` bytes) comes from the lab itself: this volunteer leaves it."""
         from distributed.comm import connect
 
         comm = None
@@ -919,10 +1157,18 @@ class NatListener(Listener):
                 try:
                     if comm is None or comm.closed():
                         comm = await connect(self.lab, timeout=10, **self.dial)
+                        comm.limit = ENDPOINTS_MESSAGE
                     await comm.write({"op": rpc.LINK_ENDPOINTS, "reply": True})
-                    self._follow(await asyncio.wait_for(comm.read(), 10))
+                    found = await asyncio.wait_for(comm.read(), 10)
+                    why = endpoints_refusal(found)
+                    if why is not None:
+                        raise LabSent(why)
+                    self._follow(found)
                 except asyncio.CancelledError:
                     raise
+                except LabSent as e:
+                    self._leave(f"the lab node at {self.lab} answered {rpc.LINK_ENDPOINTS} with {e.reason}")
+                    return
                 except Exception as e:
                     logger.debug("could not refresh the lab's endpoints: %s", e)
                     if comm is not None:
@@ -933,31 +1179,42 @@ class NatListener(Listener):
             if comm is not None:
                 comm.abort()
 
-    def _follow(self, found: Any) -> None:
-        """Keep standby connections at the endpoints the scheduler named (at most 16, TLS only), and at it."""
-        if not isinstance(found, (list, tuple)):
-            return
-        wanted = {e for e in found[:16] if isinstance(e, str) and e.startswith("tls://")} | {self.lab}
+    def _leave(self, reason: str) -> None:
+        logger.error("%s: leaving this lab", reason)
+        self.stop()
+        if _hostile_lab_handler is not None:
+            _hostile_lab_handler(reason)
+
+    def _follow(self, found: list[str]) -> None:
+        """Keep standby connections at the endpoints the scheduler named (checked: :func:`endpoints_refusal`),
+        and at it."""
+        wanted = set(found) | {self.lab}
         for endpoint in wanted:
             self._keep(endpoint)
         for endpoint in set(self.keepers) - wanted:
             self.keepers.pop(endpoint).cancel()
 
     async def _keep_standby(self, endpoint: str) -> None:
-        """Keep ``goblin.link.standby`` connections parked at ``endpoint``."""
+        """Keep ``goblin.link.standby`` connections parked at ``endpoint``, and at most
+        ``goblin.link.volunteer-connections`` open there for the lab to use (parked and activated): a lab
+        activating each one at once gets no more until one closes."""
         from distributed.comm import connect
 
         slots = asyncio.Semaphore(max(1, int(settings.get("goblin.link.standby"))))
+        room = asyncio.Semaphore(max(1, int(settings.get("goblin.link.volunteer-connections"))))
         wait = 0.2
         while True:
+            await room.acquire()
             await slots.acquire()
             try:
                 comm = await connect(endpoint, timeout=10, **self.dial)
+                comm.limit = STANDBY_MESSAGE
                 await comm.write({"op": rpc.STANDBY, "address": self.contact_address})
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 slots.release()
+                room.release()
                 logger.debug("standby connection to %s failed: %s; retrying in %.1f s", endpoint, e, wait)
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, 30.0)
@@ -965,6 +1222,7 @@ class NatListener(Listener):
             task = asyncio.create_task(self._await_activation(comm, slots))
             self.serving.add(task)
             task.add_done_callback(self.serving.discard)
+            task.add_done_callback(lambda _: room.release())
             wait = 0.2
 
     async def _await_activation(self, comm, slots: asyncio.Semaphore) -> None:
@@ -980,15 +1238,29 @@ class NatListener(Listener):
                 await asyncio.sleep(1.0)  # the lab closed it at once: do not hammer it
             slots.release()
         if msg != {"op": rpc.ACTIVATE}:
+            if msg is not None:
+                REFUSAL_LOG.failed(comm.peer_address, f"{str(msg)[:100]} on a standby connection (not an activation)")
             comm.abort()
             return
-        try:
-            await self.on_connection(comm)  # distributed's handshake, this end answering
-        except (CommClosedError, OSError):
+        comm.limit = max_message()
+        try:  # distributed's handshake, this end answering; a lab that never sends its half loses the connection
+            await asyncio.wait_for(self.on_connection(comm), float(settings.get("goblin.link.handshake-timeout")))
+        except asyncio.TimeoutError:
+            REFUSAL_LOG.failed(comm.peer_address, "an activation whose handshake did not come within "
+                                                  "goblin.link.handshake-timeout")
+            comm.abort()
             return
-        await self.comm_handler(comm)
+        except (CommClosedError, OSError):
+            comm.abort()
+            return
+        await self.comm_handler(comm)  # distributed serves it in a task of its own ...
+        await comm.gone.wait()  # ... and it counts among this lab process's connections until it closes
 
 
 def install_volunteer_side() -> None:
-    """Register the ``nat`` backend (the volunteer's listener that opens no socket)."""
-    backends["nat"] = NatBackend()
+    """Make this process a volunteer: the ``nat`` listener (no socket), and dials to ``tls://`` addresses on the
+    lab's host only (:func:`dial_refusal`), every other scheme refused, messages read within bounds."""
+    backends["nat"] = VolunteerNatBackend()
+    backends["tls"] = VolunteerTLSBackend()
+    for scheme in REFUSED_SCHEMES:
+        backends[scheme] = RefusedBackend(scheme)

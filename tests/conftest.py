@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -73,15 +74,12 @@ def assemble(results: dict, shape, blocks) -> np.ndarray:
     return np.concatenate(rows, axis=0)
 
 
-@pytest.fixture
-def rogue_node(tmp_path):
-    """A compromised lab node: a plain dask scheduler (no goblin plugins) with one goblin volunteer.
-
-    Yields (client, volunteer_address, volunteer_log_path, marker_path).
-    """
+@contextlib.contextmanager
+def rogue_scheduler(tmp_path, preload: str = "tests.rogue_preload", env: dict | None = None):
+    """A compromised lab node's scheduler: a plain dask scheduler (no goblin plugins) under ``preload``,
+    holding a certificate of the lab's own CA.  Yields (client, node credential, stolen state directory)."""
     from distributed import Client
 
-    from goblin_dask.credentials import issue_credential
     from goblin_dask.tls import LabCA
 
     # The compromised node holds the lab's own keys: it is the lab's CA that signed it.
@@ -90,35 +88,60 @@ def rogue_node(tmp_path):
     for part in ("ca", "cert", "key"):
         (tmp_path / f"node-{part}.pem").write_text(getattr(node_cred, part))
     sched_file = tmp_path / "scheduler.json"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file),
-                              "--preload", "tests.rogue_preload",
+                              "--preload", preload,
                               "--protocol", "tls", "--tls-ca-file", str(tmp_path / "node-ca.pem"),
                               "--tls-cert", str(tmp_path / "node-cert.pem"), "--tls-key", str(tmp_path / "node-key.pem")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-    procs = [sched]
     try:
         wait_for(sched_file.exists, "the rogue scheduler")
         client = Client(scheduler_file=str(sched_file), timeout=60, security=node_cred.security())
-        log = tmp_path / "volunteer.log"
-        token = issue_credential(state, "volunteer", "victim").encode()
-        with open(log, "wb") as f:
-            vol = subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", client.scheduler.address],
-                                   stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**env, "GOBLIN_TOKEN": token})
-        procs.append(vol)
-        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")
-        address = next(iter(client.scheduler_info()["workers"]))
-        yield client, address, log, tmp_path / "pwned", vol
-        client.close()
+        try:
+            yield client, node_cred, state
+        finally:
+            client.close()
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, 9)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        kill_group(sched)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def start_goblin_volunteer(address: str, state: Path, name: str, log: Path, env: dict | None = None,
+                           ) -> subprocess.Popen:
+    """``python -m goblin_dask.volunteer ADDRESS`` with a credential ``name`` of the lab CA in ``state``."""
+    from goblin_dask.credentials import issue_credential
+
+    token = issue_credential(state, "volunteer", name).encode()
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", address, "--state-dir",
+                                 str(log.parent / f"{name}-state")], stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), "GOBLIN_TOKEN": token})
+
+
+@pytest.fixture
+def rogue_node(tmp_path):
+    """A compromised lab node: a plain dask scheduler (no goblin plugins) with one goblin volunteer.
+
+    Yields (client, volunteer_address, volunteer_log_path, marker_path).
+    """
+    with rogue_scheduler(tmp_path) as (client, _, state):
+        log = tmp_path / "volunteer.log"
+        vol = start_goblin_volunteer(client.scheduler.address, state, "victim", log)
+        try:
+            wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the volunteer to join the rogue node")
+            address = next(iter(client.scheduler_info()["workers"]))
+            yield client, address, log, tmp_path / "pwned", vol
+        finally:
+            kill_group(vol)
 
 
 def read_log(path: Path) -> str:

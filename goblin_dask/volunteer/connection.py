@@ -71,6 +71,7 @@ async def run_volunteer(address: str, credential, *, nthreads: int = 1, memory_l
     from goblin_dask import link
 
     link.install_volunteer_side()
+    link.join_lab(address)  # the host this volunteer dials (and goblin.link.lab-hosts)
     # looked up now, not at import: a test's hostile volunteer replaces worker.volunteer_worker_class
     from goblin_dask.volunteer.worker import volunteer_worker_class
 
@@ -137,8 +138,20 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
                             memory_limit, local_directory, backoff, max_attempts, stopping: list) -> None:
     from goblin_dask.roles import VOLUNTEER_RESOURCE
 
+    from goblin_dask import link
+    from goblin_dask.errors import EXIT_HOSTILE_LAB, FatalConnectError
+
     name = credential.name
     wait, attempts = backoff[0], 0
+    hostile: list[str] = []
+    current: list = []  # the worker now starting or joined
+
+    def leave(reason: str) -> None:  # the lab itself sent it: no retry brings another answer
+        hostile.append(reason)
+        for worker in current:
+            asyncio.ensure_future(worker.close())
+
+    link.on_hostile_lab(leave)
     while True:
         why = await reachable(address, connection_args, timeout=max(wait, 3.0))
         fatal = fatal_connect_error(address, why) if why is not None else None
@@ -155,10 +168,13 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
                 startup_information={"goblin": lambda w: {"credential": credential.token}},
                 security=security,
             )
+            current[:] = [worker]
             why = None
             try:
                 await worker
             except (ValueError, RuntimeError) as e:
+                if hostile:
+                    break
                 cause = e.__cause__ if isinstance(e, RuntimeError) else e
                 await worker.close()
                 fatal = fatal_connect_error(address, cause)
@@ -178,6 +194,8 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
                     await worker.finished()
                 finally:
                     agent.detach()
+                if hostile:
+                    break
                 if stopping:
                     return
                 why = "lost the connection to the lab node"
@@ -189,3 +207,6 @@ async def _join_and_compute(agent, address, credential, security, connection_arg
               file=sys.stderr, flush=True)
         await asyncio.sleep(pause)
         wait = min(wait * 2, backoff[1])
+    await worker.close()
+    raise FatalConnectError(f"{address}: {hostile[0]}; this volunteer dials only tls:// addresses on the lab's host "
+                            f"(and those goblin.link.lab-hosts names): it left this lab", EXIT_HOSTILE_LAB)
