@@ -969,7 +969,7 @@ class LabPeerComm(TLS):
         stream.set_close_callback(on_close)
 
     async def read(self, deserializers=None):
-        from distributed.comm.utils import from_frames
+        from distributed.comm import tcp  # its from_frames, as distributed's own TLS read calls it
         from distributed.protocol.utils import unpack_frames
 
         stream, limit = self.stream, self.limit
@@ -994,8 +994,8 @@ class LabPeerComm(TLS):
         except BaseException as e:
             _end_read(self, e)
         try:
-            return await from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
-                                     allow_offload=self.allow_offload)
+            return await tcp.from_frames(frames, deserialize=self.deserialize, deserializers=deserializers,
+                                         allow_offload=self.allow_offload)
         except EOFError:
             self.abort()
             raise CommClosedError("aborted stream on truncated data") from None
