@@ -12,6 +12,7 @@ admin hands the credential files over, the volunteer makes its file private.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -138,10 +139,12 @@ def test_the_lab_admin_volunteer_and_researcher_quickstarts_run_as_written(tmp_p
         assert page == grid.put("http://lab.example:8787/goblin/"), banner
         with urllib.request.urlopen(page, timeout=30) as response:
             assert response.status == 200 and "goblin lab node" in response.read().decode()
-        (enroll,) = admin[1]
-        grid.run("admin", enroll)
+        for enroll in admin[1]:  # alice's credential, and her second GPU's (--person alice)
+            grid.run("admin", enroll)
         alice = grid.cwd("admin") / "alice.credential"
         assert alice.is_file() and oct(alice.stat().st_mode & 0o777) == "0o600"
+        persons = json.loads((grid.state / "volunteers.json").read_text())["volunteers"]
+        assert {n: e["person"] for n, e in persons.items()} == {"alice": "alice", "alice-gpu1": "alice"}, persons
         (issue,) = admin[2]
         issued = grid.run("admin", issue).stdout.strip()
         assert issued == str(grid.state / "researchers" / "bob.credential") and Path(issued).is_file()
