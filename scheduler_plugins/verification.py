@@ -471,21 +471,20 @@ class VerificationLedger(SchedulerPlugin):
         the counters (tasks, accepted, rejected, by method), what a Trainer reads twice a round: the whole
         report walks every lab array's exposure account, which grows with every round's batch."""
         if brief is True:
-            return {"tasks": self.tasks, "accepted": sum(v.accepted for v in self.volunteers.values()),
-                    "rejected": sum(v.rejected for v in self.volunteers.values()), "by_method": dict(self.by_method)}
+            return self.counters()
         role, name = (peer_identity(comm) if comm is not None else None) or (None, None)
         return self.report(researcher=name if role == "researcher" else None)
 
+    def counters(self) -> dict[str, Any]:
+        """Tasks, results accepted and rejected, verdicts by method: the head of :meth:`report`."""
+        return {"tasks": self.tasks, "accepted": sum(v.accepted for v in self.volunteers.values()),
+                "rejected": sum(v.rejected for v in self.volunteers.values()), "by_method": dict(self.by_method)}
+
     def report(self, researcher: str | None = None) -> dict[str, Any]:
         """The ledger's report; ``researcher``: narrow the per-researcher counts to that researcher's own."""
-        accepted = sum(v.accepted for v in self.volunteers.values())
-        rejected = sum(v.rejected for v in self.volunteers.values())
         verification = self.check_seconds + self.replica_seconds
         return {
-            "tasks": self.tasks,
-            "accepted": accepted,
-            "rejected": rejected,
-            "by_method": dict(self.by_method),
+            **self.counters(),
             "volunteers": {n: {**vars(v), "banned": v.banned or n in getattr(self.admission, "banned", ())}
                            for n, v in sorted(self.volunteers.items())},
             "overhead": verification / self.compute_seconds if self.compute_seconds else 0.0,

@@ -352,15 +352,12 @@ class Graph:
             avals = [Aval(s, np.dtype(i["dtype"])) for s, i in zip(key, self.inputs)]
             avals += [Aval((sum(self._constant_value(k).size for k in group),), dt) for dt, group in groups]
 
+            from goblin_dask.training.optim import unflatten
+
             def fn(*arrays):
                 env = dict(zip(names, arrays[:len(self.inputs)]))
                 for flat, (_, group) in zip(arrays[len(self.inputs):], groups):
-                    at = 0
-                    for k in group:
-                        shape = self._constant_value(k).shape
-                        n = math.prod(shape)
-                        env[k] = ga.reshape(flat[at:at + n], shape)
-                        at += n
+                    env.update(zip(group, unflatten(flat, [self._constant_value(k).shape for k in group], ga.reshape)))
                 return self._evaluate(env)
 
             try:

@@ -49,12 +49,11 @@ def adam(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
     bias_correction1 = 1 - beta1 ** step
     bias_correction2 = 1 - beta2 ** step
     step_size = lr / bias_correction1
-    ea = state.get("exp_avg", np.zeros_like(p))
-    eas = state.get("exp_avg_sq", np.zeros_like(p))
+    ea, eas = _state_or_zeros(state, "exp_avg", p), _state_or_zeros(state, "exp_avg_sq", p)
     if isinstance(p, np.ndarray) and isinstance(g, np.ndarray):
         from goblin_dask.training._adam_kernel import adam_step
 
-        mx = state.get("max_exp_avg_sq", np.zeros_like(p)) if h["amsgrad"] else None
+        mx = _state_or_zeros(state, "max_exp_avg_sq", p) if h["amsgrad"] else None
         decay = 0 if wd == 0 else 1 if h["decoupled_weight_decay"] else 2
         done = adam_step(p, g, np.asarray(ea), np.asarray(eas), None if mx is None else np.asarray(mx),
                          [1 - lr * wd, wd, w, 1 - w, beta2, 1 - beta2, -step_size, bias_correction2 ** 0.5, h["eps"]],
@@ -75,10 +74,17 @@ def adam(p: np.ndarray, g: np.ndarray, state: dict, h: dict) -> np.ndarray:
     eas = eas * beta2 + (1 - beta2) * g * g
     state["exp_avg"], state["exp_avg_sq"] = ea, eas
     if h["amsgrad"]:
-        eas = np.maximum(state.get("max_exp_avg_sq", np.zeros_like(p)), eas)
+        eas = np.maximum(_state_or_zeros(state, "max_exp_avg_sq", p), eas)
         state["max_exp_avg_sq"] = eas
     denom = np.sqrt(eas) / bias_correction2 ** 0.5 + h["eps"]
     return p + (-step_size) * (ea / denom)
+
+
+def _state_or_zeros(state: dict, name: str, p: Any) -> Any:
+    """``state[name]``, or zeros like ``p`` at the first step (made only then: a default argument would zero a
+    parameter-sized array every step)."""
+    v = state.get(name)
+    return np.zeros_like(p) if v is None else v
 
 
 def step(p: Any, g: Any, state: dict, h: dict) -> Any:
@@ -138,21 +144,27 @@ def flatten(params: Sequence[np.ndarray]) -> tuple[np.ndarray | None, list[np.nd
     (else ``(None, params)``).  The next round's stage tasks read the vector as one value: one lab task and one
     fetch instead of one per parameter (a GPT has dozens)."""
     params = [np.asarray(p) for p in params]
-    if len(params) < 2 or len({p.dtype for p in params}) != 1:
+    if not flattens(params):
         return None, list(params)
     flat = np.concatenate([p.reshape(-1) for p in params])
     return flat, unflatten(flat, [p.shape for p in params])
 
 
-def unflatten(flat: np.ndarray, shapes: Sequence[tuple]) -> list[np.ndarray]:
-    """The parameters of ``shapes`` as views of :func:`flatten`'s vector."""
+def flattens(params: Sequence[Any]) -> bool:
+    """Do ``params`` travel as one :func:`flatten` vector (two or more, one dtype)?"""
+    return len(params) >= 2 and len({np.dtype(p.dtype) for p in params}) == 1
+
+
+def unflatten(flat: Any, shapes: Sequence[tuple], reshape: Any = np.reshape) -> list:
+    """The arrays of ``shapes`` as views of :func:`flatten`'s vector; ``reshape``: ``ga.reshape`` where the program
+    being traced cuts them (its first steps)."""
     out, at = [], 0
     for shape in shapes:
         n = math.prod(shape)
-        out.append(flat[at:at + n].reshape(shape))
+        out.append(reshape(flat[at:at + n], shape))
         at += n
-    if at != flat.size:
-        raise ValueError(f"a flat parameter vector of {flat.size} numbers for parameters of {at}")
+    if at != flat.shape[0]:
+        raise ValueError(f"a flat vector of {flat.shape[0]} numbers for arrays of {at}")
     return out
 
 

@@ -574,7 +574,7 @@ class Trainer:
                 mine = arrays[at:at + len(nm) - P - B]
                 at += len(nm) - P - B
                 passes.append(lambda ps, bs, g=g, nm=nm, mine=mine: g._evaluate(dict(zip(nm, [*ps, *bs, *mine]))))
-            ps = list(arrays[:P_in]) if flat is None else _views(ga, arrays[0], flat)
+            ps = list(arrays[:P_in]) if flat is None else optim.unflatten(arrays[0], flat, ga.reshape)
             return body(passes, ps, list(arrays[P_in:P_in + B]))
 
         self._group_programs[key] = prog.trace(fn, avals)
@@ -584,9 +584,7 @@ class Trainer:
         """The parameters' shapes where a round reads them as one flat vector (:func:`optim.flatten`: two or more
         parameters of one dtype), else None."""
         host = [self._params[k] for k in self.param_names]
-        if len(host) < 2 or len({p.dtype for p in host}) != 1:
-            return None
-        return [tuple(p.shape) for p in host]
+        return [tuple(p.shape) for p in host] if optim.flattens(host) else None
 
     def _model_arrays(self, tok: str, flat: bool = False) -> tuple[list, list]:
         """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
@@ -594,7 +592,7 @@ class Trainer:
         one array (:meth:`_flat_shapes`)."""
         host = [self._params[k] for k in self.param_names]
         if self._resident is None or self._host_round == self.rounds:
-            params = ([_parameters(np.concatenate([p.reshape(-1) for p in host]), -1)] if flat
+            params = ([_parameters(optim.flatten(host)[0], -1)] if flat
                       else [_parameters(p) for p in host])
             return params, [_parameters(self._buffers[k]) for k in self.buffer_names]
         from goblin_dask.array.sources import resident_array
@@ -856,16 +854,6 @@ def _parameters(v: np.ndarray, chunks: Any = "auto") -> Any:
     from goblin_dask.array.sources import from_numpy_like
 
     return from_numpy_like(v, chunks, kind="parameters")
-
-
-def _views(ga: Any, flat: Any, shapes: list[tuple]) -> list:
-    """Inside a traced program: the parameters of ``shapes`` cut from the flat vector (as :func:`optim.unflatten`)."""
-    out, at = [], 0
-    for shape in shapes:
-        n = math.prod(shape)
-        out.append(ga.reshape(flat[at:at + n], shape))
-        at += n
-    return out
 
 
 def _delta(before: dict | None, after: dict | None) -> dict | None:
