@@ -31,7 +31,7 @@ import math
 import pickle
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -195,13 +195,38 @@ def run(*inputs: Any, program: tuple) -> np.ndarray:
     return np.concatenate(parts)
 
 
-#: Guards :data:`_TOKENS` and :data:`_VERDICTS` (a lab worker checks from several threads).
+#: Guards :data:`_TOKENS`, :data:`_DECODED` and :data:`_VERDICTS` (a lab worker checks from several threads).
 _VERDICTS_LOCK = threading.Lock()
-#: The tokens of the last programs named, by the program object itself (held, so its id is not reused while
-#: here): a lab process names one program several times per task (dask's token, the catalog and minimization
-#: checks, the verdict's sketch), and a GPT's training step pickles and hashes in about 1.3 ms.
-_TOKENS: "OrderedDict[int, tuple[Any, str | None]]" = OrderedDict()
+#: The pickle and token of the last programs named, by the program object itself (held, so its id is not reused
+#: while here): a lab process names one program several times per task (dask's token, the catalog and
+#: minimization checks, the verdict's sketch) and sends it in every task that carries it; a GPT's training step
+#: pickles and hashes in about 1.3 ms.
+_TOKENS: "OrderedDict[int, tuple[Any, bytes | None, str | None]]" = OrderedDict()
 _TOKENS_MAX = 8
+#: The programs last decoded, by the SHA-256 of their pickle (:func:`program_from_pickle`).
+_DECODED: "OrderedDict[str, Any]" = OrderedDict()
+
+
+def _remember(program: Any, blob: bytes | None, token: str | None) -> None:
+    with _VERDICTS_LOCK:
+        _TOKENS[id(program)] = (program, blob, token)
+        while len(_TOKENS) > _TOKENS_MAX:
+            _TOKENS.popitem(last=False)
+
+
+def _named(program: Any) -> tuple[bytes | None, str | None]:
+    with _VERDICTS_LOCK:
+        hit = _TOKENS.get(id(program))
+    if hit is not None and hit[0] is program:
+        return hit[1], hit[2]
+    try:
+        blob = pickle.dumps(program, protocol=5)
+    except Exception:
+        return None, None
+    token = hashlib.sha256(blob).hexdigest()
+    if type(program) is tuple:
+        _remember(program, blob, token)
+    return blob, token
 
 
 def program_token(program: Any) -> str | None:
@@ -209,20 +234,59 @@ def program_token(program: Any) -> str | None:
     for a value that does not pickle.  A program is plain data, so this is cheap (dask's own tokenize walks it
     about 10x slower); it is the program's dask token, and the key of its verdict.  Remembered per object
     (:data:`_TOKENS`): a program is a tuple the lab never changes once made."""
+    return _named(program)[1]
+
+
+def program_pickle(program: tuple) -> bytes | None:
+    """``program``'s pickle, made once per object: a task carries its program as these bytes
+    (:meth:`goblin_dask.ops.spec.CatalogTask.__getstate__`), so a round's tasks do not pickle their program
+    again at the researcher, at the scheduler for every volunteer it sends one to, and at the lab worker."""
+    return _named(program)[0]
+
+
+def program_from_pickle(blob: bytes, loads: Callable[[bytes], Any]) -> Any:
+    """The program pickled in ``blob``, decoded by ``loads`` once per content (:data:`_DECODED`, the latest
+    :data:`_TOKENS_MAX`): the next round's tasks carry the same bytes, and a volunteer or the scheduler reads
+    them again only when they changed.  The decoded program is shared; a program is never changed once made."""
+    token = hashlib.sha256(blob).hexdigest()
     with _VERDICTS_LOCK:
-        hit = _TOKENS.get(id(program))
-    if hit is not None and hit[0] is program:
-        return hit[1]
-    try:
-        token = hashlib.sha256(pickle.dumps(program, protocol=5)).hexdigest()
-    except Exception:
-        token = None
-    if type(program) is tuple:
+        program = _DECODED.get(token)
+        if program is not None:
+            _DECODED.move_to_end(token)
+    if program is None:
+        program = loads(blob)
         with _VERDICTS_LOCK:
-            _TOKENS[id(program)] = (program, token)
-            while len(_TOKENS) > _TOKENS_MAX:
-                _TOKENS.popitem(last=False)
-    return token
+            _DECODED[token] = program
+            while len(_DECODED) > _TOKENS_MAX:
+                _DECODED.popitem(last=False)
+    if type(program) is tuple:
+        _remember(program, bytes(blob), token)
+    return program
+
+
+#: How :func:`pickled_program` marks a program sent as its pickle (a program itself is a 6-tuple).
+_PICKLED = "goblin-program-pickle/1"
+
+
+def pickled_program(kwargs: dict) -> dict:
+    """A task's parameters with its stage ``program`` as ``(_PICKLED, its pickle)``, for the task's own pickle: the
+    pickle is made once per program (:func:`program_pickle`), not again for every task that carries it, at the
+    researcher, at the scheduler for every volunteer it sends one to, and at the lab worker.  ``kwargs`` itself
+    where it holds no program."""
+    program = kwargs.get("program") if isinstance(kwargs, dict) else None
+    blob = program_pickle(program) if type(program) is tuple else None
+    return kwargs if blob is None else {**kwargs, "program": (_PICKLED, blob)}
+
+
+def unpickled_program(kwargs: dict) -> dict:
+    """:func:`pickled_program` undone: the program decoded once per content, under the volunteer's unpickler (plain
+    data and nothing else, wherever this runs), and shared (:func:`program_from_pickle`)."""
+    packed = kwargs.get("program") if isinstance(kwargs, dict) else None
+    if type(packed) is not tuple or len(packed) != 2 or packed[0] != _PICKLED or type(packed[1]) is not bytes:
+        return kwargs
+    from goblin_dask.safe_pickle import safe_loads
+
+    return {**kwargs, "program": program_from_pickle(packed[1], safe_loads)}
 
 
 #: The verdicts of the last programs checked, by :func:`program_token`: a round's stage tasks, their

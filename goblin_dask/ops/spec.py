@@ -326,6 +326,14 @@ def get_backend() -> str:
     return _BACKEND
 
 
+def _with_kwargs(task: Task, state: tuple, kwargs: dict) -> tuple:
+    """``task``'s pickled state (dask's slots, in order) with ``kwargs`` for its own."""
+    if kwargs is task.kwargs:
+        return state
+    at = task.get_all_slots().index("kwargs")
+    return (*state[:at], kwargs, *state[at + 1:])
+
+
 class CatalogTask(Task):
     """A dask Task whose callable is a catalog op; the only task a volunteer runs.
 
@@ -362,6 +370,21 @@ class CatalogTask(Task):
 
     def copy(self) -> "CatalogTask":
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, why=self.why, **self.kwargs)
+
+    def __getstate__(self) -> tuple:
+        """A stage program travels as its pickle, made once per program (:func:`~goblin_dask.ops.program.pickled_program`):
+        a round's tasks carry the same program to the scheduler, to each volunteer and to the lab worker."""
+        from goblin_dask.ops.program import pickled_program
+
+        return _with_kwargs(self, super().__getstate__(), pickled_program(self.kwargs))
+
+    def __setstate__(self, state: tuple) -> None:
+        """Decode a program sent as its pickle once per content, under the volunteer's unpickler (plain data and
+        nothing else, wherever this runs), then share it (:func:`~goblin_dask.ops.program.unpickled_program`)."""
+        from goblin_dask.ops.program import unpickled_program
+
+        super().__setstate__(state)
+        self.kwargs = unpickled_program(self.kwargs)
 
     def _get_token(self) -> str:
         """dask's token of the task (it names the graph a client submits); a stage program is named by the

@@ -104,7 +104,9 @@ def _weighted_sum(versions: Sequence[Any], weights: Sequence[float], dtype: np.d
     """``sum_k weights[k] * versions[k]`` in ``dtype``, in order (torch's accumulation of ``(w_k * loss_k).backward()``)."""
     total = None
     for v, w in zip(versions, weights):
-        term = gradient(v) * dtype.type(w)
+        term = gradient(v)
+        if w != 1:  # x * 1 is x, bit for bit: a stage task's group of micro-batches comes weighted already
+            term = term * dtype.type(w)
         total = term if total is None else total + term
     return total
 

@@ -74,13 +74,36 @@ def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, G
         if isinstance(node, CatalogTask) and node.placement == "volunteer" and not is_unverified_key(key):
             raw = unverified_key(key)
             out[raw] = CatalogTask(raw, node.func, *node.args, placement="volunteer", **node.kwargs)
-            out[key] = check = Task(key, accept, raw, TaskRef(raw), *node.args, op=node.func, params=dict(node.kwargs),
-                                    method=forced, refs=_refs(node.args))
+            out[key] = check = CheckTask(key, accept, raw, TaskRef(raw), *node.args, op=node.func,
+                                         params=dict(node.kwargs), method=forced, refs=_refs(node.args))
             # its token from the checked task's own: the operands and parameters are tokenized once, not twice
             check._token = tokenize(("accept", out[raw]._get_token(), raw, forced, _refs(node.args)))
         else:
             out[key] = node
     return out
+
+
+class CheckTask(Task):
+    """The lab worker's check of a volunteer task (:func:`accept`): a stage program among its ``params`` travels as
+    its pickle, as in the checked :class:`~goblin_dask.ops.spec.CatalogTask` itself."""
+
+    __slots__ = ()
+
+    def __getstate__(self) -> tuple:
+        from goblin_dask.ops.program import pickled_program
+        from goblin_dask.ops.spec import _with_kwargs
+
+        params = self.kwargs.get("params")
+        packed = pickled_program(params)
+        return _with_kwargs(self, super().__getstate__(), self.kwargs if packed is params else
+                            {**self.kwargs, "params": packed})
+
+    def __setstate__(self, state: tuple) -> None:
+        from goblin_dask.ops.program import unpickled_program
+
+        super().__setstate__(state)
+        if isinstance(self.kwargs.get("params"), dict):
+            self.kwargs = {**self.kwargs, "params": unpickled_program(self.kwargs["params"])}
 
 
 def _refs(args: tuple) -> tuple:
