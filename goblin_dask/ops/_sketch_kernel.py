@@ -57,14 +57,14 @@ def _kernel() -> Callable:
                 m = min(64, stop - i0)
                 for k in range(0, m - m % 8, 8):
                     for lane in range(8):
-                        x = float(v[i0 + k + lane])
+                        x = np.float64(v[i0 + k + lane])  # float() keeps a float32 a float32 in numba
                         squares[lane] += x * x
                         tops[lane] = max(tops[lane], abs(x))
                         nonfinite[lane] += x * 0.0  # NaN once any x is NaN or infinite
                         row0[lane] += x * signs0[k + lane]
                         row1[lane] += x * signs1[k + lane]
                 for j in range(m - m % 8, m):
-                    x = float(v[i0 + j])
+                    x = np.float64(v[i0 + j])
                     squares[0] += x * x
                     tops[0] = max(tops[0], abs(x))
                     nonfinite[0] += x * 0.0
