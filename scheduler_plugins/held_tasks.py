@@ -195,13 +195,12 @@ class HeldTasksPlugin(SchedulerPlugin):
             ows = self.scheduler.workers.get(owner)
             if ows in valid:
                 self.held_back.pop(ts.key, None)
-                queue = self.held_for.setdefault(owner, {})
-                queue.pop(ts.key, None)
+                self.held_for.get(owner, {}).pop(ts.key, None)
                 if ows not in self.full:
                     return {ows}
                 idle = {ws for ws in valid - self.full if self._may_help(ws)}
                 if not idle:
-                    queue[ts.key] = None  # waits for a slot there
+                    self.held_for.setdefault(owner, {})[ts.key] = None  # waits for a slot there
                 return idle
         if not self.full or not valid or VOLUNTEER_RESOURCE not in (ts.resource_restrictions or {}):
             self.held_back.pop(ts.key, None)
@@ -307,7 +306,7 @@ class HeldTasksPlugin(SchedulerPlugin):
         for addr, queue in list(self.held_for.items()):
             ws = workers.get(addr)
             free = self.caps.get(addr, 0) - len(ws.processing) if ws is not None else 0
-            out.extend(list(queue)[:max(free, 0)])
+            out.extend(itertools.islice(queue, max(free, 0)))
             if not queue:
                 del self.held_for[addr]
         idle, self._idle = self._idle, set()

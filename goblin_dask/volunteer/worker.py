@@ -98,11 +98,14 @@ def volunteer_worker_class():
         fetched again, and the lab node is told which keys it holds (placement prefers it).
         """
 
+        #: its state machine: it fetches the inputs of the task nearest to runnable first
+        goblin_state_class = VolunteerState
+
         def __init__(self, *args, **kwargs):
             self.goblin_paused = False  # the volunteer paused it (goblin volunteer pause): no new tasks
             #: (key, run id) of the tasks handed back while paused (each is handed back once)
             self.goblin_given_back: set = set()
-            super().__init__(*args, WorkerStateClass=VolunteerState, **kwargs)
+            super().__init__(*args, WorkerStateClass=self.goblin_state_class, **kwargs)
             self.goblin_fetched: set = set()
             link.tune_worker_stream(self)
             self.goblin_done = 0  # tasks it finished
