@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import struct
 import sys
@@ -89,13 +90,13 @@ def hostile(tmp_path_factory):
 _runs = iter(range(10**6))
 
 
-def _volunteer(hostile, answer, env=None):
+def _volunteer(hostile, answer, env=None, args=()):
     client, cred, state, answer_file, peers, tmp = hostile
     answer_file.write_text(json.dumps(answer))
     name = f"lender-{next(_runs)}"
     log = tmp / f"{name}.log"
     env = {"DASK_GOBLIN__LINK__REFRESH": "0.2", **(env or {})}
-    return start_goblin_volunteer(client.scheduler.address, state, name, log, env), log, name
+    return start_goblin_volunteer(client.scheduler.address, state, name, log, env, args), log, name
 
 
 def _joined(client, name: str) -> str | None:
@@ -163,6 +164,36 @@ def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes
         _computes(client, _joined(client, name))
     finally:
         kill_group(proc)
+
+
+@pytest.mark.parametrize("hosts", [[ELSEWHERE], ["192.0.2.7", f"{ELSEWHERE}/32"]], ids=["host", "repeated-network"])
+def test_lab_host_on_the_command_line_lets_the_volunteer_dial_that_host_and_compute(hostile, hosts):
+    """``goblin volunteer --lab-host HOST`` (repeatable; an IP, a name or a network) is the command line's
+    ``goblin.link.lab-hosts``: before, only the config or environment could name a lab worker on another host,
+    and the volunteer left a lab naming one (the answer of the test above, without the setting)."""
+    client, _, _, _, peers, _ = hostile
+    port, reached = peers.serve(ELSEWHERE, None)
+    args = [arg for host in hosts for arg in ("--lab-host", host)]
+    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"], args=tuple(args))
+    try:
+        wait_for(lambda: reached["accepted"] >= 1 or proc.poll() is not None, "a standby connection there")
+        assert proc.poll() is None, read_log(log)[-3000:]
+        wait_for(lambda: _joined(client, name), "the volunteer to join")
+        _computes(client, _joined(client, name))
+    finally:
+        kill_group(proc)
+
+
+@pytest.mark.parametrize("value", ["tls://127.0.0.2:8786", "127.0.0.2:8786", "10.0.0.0/99", "lab host", ""])
+def test_lab_host_that_is_not_a_host_is_refused_before_anything_starts(tmp_path, value):
+    """An address, a port or a bad network would match no host the lab names: refused with what it takes."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", "tls://127.0.0.1:1", "--lab-host", value],
+                          capture_output=True, text=True, env={**os.environ, "GOBLIN_TOKEN": "unused"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--lab-host'" in done.stderr and "is not a host: give a name, an IP address or a " \
+        "network such as 10.0.0.0/24 ('*': any host), without a scheme or port" in done.stderr, done.stderr
 
 
 def test_a_volunteer_fetches_inputs_from_no_address_off_the_labs_host(hostile):
