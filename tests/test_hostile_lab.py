@@ -151,30 +151,24 @@ def test_a_volunteer_leaves_a_lab_naming_endpoints_it_does_not_dial_and_dials_no
         kill_group(proc)
 
 
-def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes(hostile):
-    """goblin.link.lab-hosts: a lab worker on another host of the lab is reached where the volunteer allows it."""
-    client, _, _, _, peers, _ = hostile
-    port, reached = peers.serve(ELSEWHERE, None)
-    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"],
-                                 {"DASK_GOBLIN__LINK__LAB_HOSTS": json.dumps([ELSEWHERE])})
-    try:
-        wait_for(lambda: reached["accepted"] >= 1 or proc.poll() is not None, "a standby connection there")
-        assert proc.poll() is None, read_log(log)[-3000:]
-        wait_for(lambda: _joined(client, name), "the volunteer to join")
-        _computes(client, _joined(client, name))
-    finally:
-        kill_group(proc)
+#: How the volunteer allows the lab's other host: (environment, command-line arguments).  The command line's
+#: ``--lab-host`` (repeatable; an IP, a name or a network) is new: before, only the config or environment could
+#: name a lab worker on another host, and a volunteer told of one left the lab (the answer above).
+ALLOWED_BY = {
+    "setting": ({"DASK_GOBLIN__LINK__LAB_HOSTS": json.dumps([ELSEWHERE])}, ()),
+    "--lab-host": ({}, ("--lab-host", ELSEWHERE)),
+    "--lab-host repeated, a network": ({}, ("--lab-host", "192.0.2.7", "--lab-host", f"{ELSEWHERE}/32")),
+}
 
 
-@pytest.mark.parametrize("hosts", [[ELSEWHERE], ["192.0.2.7", f"{ELSEWHERE}/32"]], ids=["host", "repeated-network"])
-def test_lab_host_on_the_command_line_lets_the_volunteer_dial_that_host_and_compute(hostile, hosts):
-    """``goblin volunteer --lab-host HOST`` (repeatable; an IP, a name or a network) is the command line's
-    ``goblin.link.lab-hosts``: before, only the config or environment could name a lab worker on another host,
-    and the volunteer left a lab naming one (the answer of the test above, without the setting)."""
+@pytest.mark.parametrize("how", list(ALLOWED_BY))
+def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes(hostile, how):
+    """goblin.link.lab-hosts, or goblin volunteer --lab-host: a lab worker on another host of the lab is reached
+    where the volunteer allows it."""
     client, _, _, _, peers, _ = hostile
     port, reached = peers.serve(ELSEWHERE, None)
-    args = [arg for host in hosts for arg in ("--lab-host", host)]
-    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"], args=tuple(args))
+    env, args = ALLOWED_BY[how]
+    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"], env, args)
     try:
         wait_for(lambda: reached["accepted"] >= 1 or proc.poll() is not None, "a standby connection there")
         assert proc.poll() is None, read_log(log)[-3000:]
