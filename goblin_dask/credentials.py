@@ -19,6 +19,8 @@ ROLES = ("volunteer", "lab")  # roles that join as workers and carry an admissio
 _PREFIX = "gv1"
 #: The lab's volunteer registry in its state directory: each volunteer credential's person (owner).
 VOLUNTEERS_FILE = "volunteers.json"
+#: The persons banned on the lab (one credential cheated): ``{person: {"credential", "reason"}}``.
+BANNED_PERSONS_FILE = "banned-persons.json"
 
 
 class CredentialError(PermissionError):
@@ -57,6 +59,25 @@ class LabKeys:
         self._secret = bytes.fromhex(secret_path.read_text().strip())
         self._revoked_path = self.state_dir / "revoked.json"
         self._volunteers_path = self.state_dir / VOLUNTEERS_FILE
+        self._banned_persons_path = self.state_dir / BANNED_PERSONS_FILE
+        self._json_cache: dict[Path, tuple[tuple, object]] = {}
+
+    def _read_json(self, path: Path, default, parse=lambda data: data):
+        """``parse`` of ``path``'s JSON, read again only when the file changed (some are asked for every
+        volunteer call); ``default`` when there is no file, a CredentialError when it cannot be read."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return default
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._json_cache.get(path)
+        if cached is None or cached[0] != stamp:
+            try:
+                cached = (stamp, parse(json.loads(path.read_text())))
+            except ValueError as e:
+                raise CredentialError(f"{path} is unreadable: {e}") from None
+            self._json_cache[path] = cached
+        return cached[1]
 
     def _mac(self, role: str, name: str, nonce: str) -> str:
         msg = f"{role}.{name}.{nonce}".encode()
@@ -73,34 +94,53 @@ class LabKeys:
             raise ValueError(f"person {person!r}: a volunteer's owner, in letters, digits, '-' and '_' only")
         if name in self.revoked():
             raise CredentialError(f"name {name!r} was revoked on this lab node")
+        if role == "volunteer":
+            self.check_person(person or name)
         nonce = secrets.token_hex(8)
         if role == "volunteer":
             self.record_volunteer(name, person or name)
         return f"{_PREFIX}.{role}.{name}.{nonce}.{self._mac(role, name, nonce)}"
 
     def volunteers(self) -> dict[str, dict]:
-        """The volunteer registry, ``{name: {"person": WHO}}``; read again only when the file changed.  A lab
-        older than the registry has no file, and an entry may lack ``person``: :meth:`person` is then the name."""
-        try:
-            st = self._volunteers_path.stat()
-        except FileNotFoundError:
-            return {}
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if getattr(self, "_volunteers_stamp", None) != stamp:
-            try:
-                data = json.loads(self._volunteers_path.read_text())
-            except ValueError as e:  # never a guess: who holds what decides where replicas run
-                raise CredentialError(f"the volunteer registry {self._volunteers_path} is unreadable: {e}") from None
+        """The volunteer registry, ``{name: {"person": WHO}}``.  A lab older than the registry has no file,
+        and an entry may lack ``person``: :meth:`person` is then the name.  Unreadable: a CredentialError,
+        never a guess (who holds what decides where replicas run and whom a ban reaches)."""
+        def parse(data) -> dict[str, dict]:
             entries = data.get("volunteers", {}) if isinstance(data, dict) else {}
-            self._volunteers_cache = {str(n): e for n, e in entries.items() if isinstance(e, dict)}
-            self._volunteers_stamp = stamp
-        return self._volunteers_cache
+            return {str(n): e for n, e in entries.items() if isinstance(e, dict)}
+
+        try:
+            return self._read_json(self._volunteers_path, {}, parse)
+        except CredentialError as e:
+            raise CredentialError(f"the volunteer registry {e}") from None
 
     def person(self, name: str) -> str:
         """Who holds volunteer credential ``name``, as the admin enrolled it (``goblin enroll --person``): the
         exposure cap counts per person, and a replica never runs on the person whose result it checks."""
         person = self.volunteers().get(name, {}).get("person")
         return person if isinstance(person, str) and valid_name(person) else name
+
+    def credentials_of(self, person: str) -> set[str]:
+        """The volunteer credentials enrolled for ``person`` (a credential without a recorded person is its own)."""
+        return {name for name in self.volunteers() if self.person(name) == person}
+
+    def banned_persons(self) -> dict[str, dict]:
+        """``{person: {"credential": the one that cheated, "reason": why}}`` (:meth:`ban_person`)."""
+        return self._read_json(self._banned_persons_path, {}, lambda data: data if isinstance(data, dict) else {})
+
+    def ban_person(self, person: str, credential: str, reason: str) -> None:
+        """Record that ``person`` is banned because their ``credential`` was (kept across restarts, as the
+        revocations are): no credential is enrolled for them again, and any of theirs is refused."""
+        banned = dict(self.banned_persons())
+        banned.setdefault(person, {"credential": credential, "reason": reason})
+        _write_private(self._banned_persons_path, json.dumps(banned, sort_keys=True, indent=1))
+
+    def check_person(self, person: str) -> None:
+        """CredentialError when ``person`` is banned on this lab, naming the credential that got them banned."""
+        ban = self.banned_persons().get(person)
+        if ban is not None:
+            raise CredentialError(f"person {person!r} is banned from this lab node: their credential "
+                                  f"{ban.get('credential')!r} was banned ({ban.get('reason')})")
 
     def record_volunteer(self, name: str, person: str) -> None:
         entries = dict(self.volunteers())
@@ -116,19 +156,13 @@ class LabKeys:
             raise CredentialError("credential not signed by this lab node")
         if name in self.revoked():
             raise CredentialError(f"credential of {name!r} was revoked")
+        if role == "volunteer":
+            self.check_person(self.person(name))
         return Identity(role, name)
 
     def revoked(self) -> frozenset[str]:
-        """The revoked names; read again only when the file changed (asked for every volunteer call)."""
-        try:
-            st = self._revoked_path.stat()
-        except FileNotFoundError:
-            return frozenset()
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if getattr(self, "_revoked_stamp", None) != stamp:
-            self._revoked_cache = frozenset(json.loads(self._revoked_path.read_text()))
-            self._revoked_stamp = stamp
-        return self._revoked_cache
+        """The revoked names (asked for every volunteer call)."""
+        return self._read_json(self._revoked_path, frozenset(), frozenset)
 
     def revoke(self, name: str) -> None:
         names = self.revoked() | {name}

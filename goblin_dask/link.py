@@ -921,6 +921,34 @@ def join_lab(address: str) -> None:
     _lab_hosts.add(host)
 
 
+def lab_host(value: str) -> str:
+    """``value`` as ``goblin.link.lab-hosts`` holds it (``goblin volunteer --lab-host``): a host name, an IP
+    address, a network such as 10.0.0.0/24, or ``*``; a ValueError saying so for anything else (an address
+    with a scheme or port would never match, and the lab worker it was meant for would never be dialled)."""
+    import ipaddress
+
+    host = _norm_host(str(value).strip())
+    if host == "*":
+        return host
+    try:
+        return str(ipaddress.ip_network(host, strict=False) if "/" in host else ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if "/" not in host and len(host) <= 253 and all(
+            0 < len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum() for label in labels):
+        return host
+    raise ValueError(f"{str(value)[:MAX_ENDPOINT]!r} is not a host: give a name, an IP address or a network such as "
+                     f"10.0.0.0/24 ('*': any host), without a scheme or port")
+
+
+def allow_lab_hosts(hosts) -> None:
+    """Add ``hosts`` (:func:`lab_host` values: ``goblin volunteer --lab-host``) to this process's
+    ``goblin.link.lab-hosts``, beside those its config and environment name."""
+    if hosts:
+        dask.config.set({"goblin.link.lab-hosts": [*(settings.get("goblin.link.lab-hosts") or ()), *hosts]})
+
+
 def dial_refusal(address: str) -> str | None:
     """Why this volunteer does not dial ``address`` (None: it does): a scheme other than ``tls://``, or a host
     other than the lab's and those of ``goblin.link.lab-hosts`` (names, IPs or networks such as 10.0.0.0/24;
@@ -946,7 +974,7 @@ def dial_refusal(address: str) -> str | None:
         except ValueError:
             continue
     return (f"{host[:MAX_ENDPOINT]} is not the lab's host ({', '.join(sorted(_lab_hosts)) or 'none yet'}); a lab process on "
-            f"another host is dialled only when goblin.link.lab-hosts names it")
+            f"another host is dialled only when goblin.link.lab-hosts (goblin volunteer --lab-host) names it")
 
 
 class LabPeerComm(TLS):

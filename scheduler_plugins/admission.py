@@ -356,10 +356,11 @@ class AdmissionPlugin(SchedulerPlugin):
 
     def is_shut_out(self, name: str) -> bool:
         """Is volunteer ``name`` banned or revoked (by this node, or by ``goblin revoke`` writing the state
-        directory while it could not reach the node)?  Its open connections are closed when first seen."""
+        directory while it could not reach the node), or its person banned (:meth:`ban_person`)?  Its open
+        connections are closed when first seen."""
         if link.is_shut_out(name):
             return True
-        if name in self.banned or name in self.keys.revoked():
+        if name in self.banned or name in self.keys.revoked() or self.person(name) in self.keys.banned_persons():
             link.shut_out([name])
             return True
         return False
@@ -458,6 +459,19 @@ class AdmissionPlugin(SchedulerPlugin):
             self.bans.append({"name": name, "reason": reason, "time": time.time()})
             logger.warning("banned volunteer %s: %s", name, reason)
         return self.revoke(name, ban=True)
+
+    def ban_person(self, name: str, reason: str) -> list[str]:
+        """Ban volunteer ``name`` for wrong results, and with it every credential of its person (one per GPU,
+        or several enrolments): one person's honesty is at stake, not one machine's.  The others' ban reason
+        names ``name``; the person's ban is kept in the state directory (:meth:`LabKeys.ban_person`), so
+        that a credential enrolled for them later is refused too.  Returns the closed addresses."""
+        person = self.person(name)
+        self.keys.ban_person(person, name, reason)  # first: a credential of theirs joining now is refused
+        closed = self.ban(name, reason)
+        others = self.keys.credentials_of(person) | {n for n, p in self.persons.items() if p == person}
+        for other in sorted(others - {name}):
+            closed += self.ban(other, f"credential {name} of the same person ({person}) was banned: {reason}")
+        return closed
 
     def tell_lab_workers(self, names, workers=None) -> None:
         """The lab workers read nothing more from volunteers ``names`` either (:data:`link.SHUT_OUT_OP`)."""

@@ -29,7 +29,8 @@ task it then submits is restricted here to volunteers other than the first one (
 none is connected, or the last of them leaves before running it, the lab worker computes it).
 
 A rejected result costs the volunteer its trust; at ``goblin.max-rejections`` (2)
-rejections it is banned: its credential revoked, disconnected, refused on reconnect.
+rejections it is banned: its credential revoked, disconnected, refused on reconnect; so is every other
+credential of its person (``AdmissionPlugin.ban_person``), and no new one is enrolled for them.
 
 Credit: the verified work of each volunteer, in floating-point operations from the catalog's
 cost model (``OpSpec.cost`` of the checked task, computed by the lab worker on the operands it
@@ -395,7 +396,7 @@ class VerificationLedger(SchedulerPlugin):
         logger.warning("rejected result %r of volunteer %s (%s): %s", key, name, method, reason)
         if record.rejected >= self.max_rejections and not record.banned:
             record.banned = True
-            self.admission.ban(name, f"{record.rejected} rejected results (last: {reason})")
+            self.admission.ban_person(name, f"{record.rejected} rejected results (last: {reason})")
 
     def policy_handler(self, comm, key=None) -> dict:
         if (peer_identity(comm) or ("",))[0] != "lab":

@@ -115,14 +115,14 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def start_goblin_volunteer(address: str, state: Path, name: str, log: Path, env: dict | None = None,
-                           ) -> subprocess.Popen:
-    """``python -m goblin_dask.volunteer ADDRESS`` with a credential ``name`` of the lab CA in ``state``."""
+                           args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``python -m goblin_dask.volunteer ADDRESS [ARGS]`` with a credential ``name`` of the lab CA in ``state``."""
     from goblin_dask.credentials import issue_credential
 
     token = issue_credential(state, "volunteer", name).encode()
     with open(log, "wb") as f:
         return subprocess.Popen([sys.executable, "-m", "goblin_dask.volunteer", address, "--state-dir",
-                                 str(log.parent / f"{name}-state")], stdout=f,
+                                 str(log.parent / f"{name}-state"), *args], stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), "GOBLIN_TOKEN": token})
 

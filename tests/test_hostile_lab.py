@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import struct
 import sys
@@ -89,13 +90,13 @@ def hostile(tmp_path_factory):
 _runs = iter(range(10**6))
 
 
-def _volunteer(hostile, answer, env=None):
+def _volunteer(hostile, answer, env=None, args=()):
     client, cred, state, answer_file, peers, tmp = hostile
     answer_file.write_text(json.dumps(answer))
     name = f"lender-{next(_runs)}"
     log = tmp / f"{name}.log"
     env = {"DASK_GOBLIN__LINK__REFRESH": "0.2", **(env or {})}
-    return start_goblin_volunteer(client.scheduler.address, state, name, log, env), log, name
+    return start_goblin_volunteer(client.scheduler.address, state, name, log, env, args), log, name
 
 
 def _joined(client, name: str) -> str | None:
@@ -150,12 +151,24 @@ def test_a_volunteer_leaves_a_lab_naming_endpoints_it_does_not_dial_and_dials_no
         kill_group(proc)
 
 
-def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes(hostile):
-    """goblin.link.lab-hosts: a lab worker on another host of the lab is reached where the volunteer allows it."""
+#: How the volunteer allows the lab's other host: (environment, command-line arguments).  The command line's
+#: ``--lab-host`` (repeatable; an IP, a name or a network) is new: before, only the config or environment could
+#: name a lab worker on another host, and a volunteer told of one left the lab (the answer above).
+ALLOWED_BY = {
+    "setting": ({"DASK_GOBLIN__LINK__LAB_HOSTS": json.dumps([ELSEWHERE])}, ()),
+    "--lab-host": ({}, ("--lab-host", ELSEWHERE)),
+    "--lab-host repeated, a network": ({}, ("--lab-host", "192.0.2.7", "--lab-host", f"{ELSEWHERE}/32")),
+}
+
+
+@pytest.mark.parametrize("how", list(ALLOWED_BY))
+def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes(hostile, how):
+    """goblin.link.lab-hosts, or goblin volunteer --lab-host: a lab worker on another host of the lab is reached
+    where the volunteer allows it."""
     client, _, _, _, peers, _ = hostile
     port, reached = peers.serve(ELSEWHERE, None)
-    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"],
-                                 {"DASK_GOBLIN__LINK__LAB_HOSTS": json.dumps([ELSEWHERE])})
+    env, args = ALLOWED_BY[how]
+    proc, log, name = _volunteer(hostile, ["SCHEDULER", f"tls://{ELSEWHERE}:{port}"], env, args)
     try:
         wait_for(lambda: reached["accepted"] >= 1 or proc.poll() is not None, "a standby connection there")
         assert proc.poll() is None, read_log(log)[-3000:]
@@ -163,6 +176,18 @@ def test_a_lab_process_on_a_host_the_volunteer_allows_is_dialled_and_it_computes
         _computes(client, _joined(client, name))
     finally:
         kill_group(proc)
+
+
+@pytest.mark.parametrize("value", ["tls://127.0.0.2:8786", "127.0.0.2:8786", "10.0.0.0/99", "lab host", ""])
+def test_lab_host_that_is_not_a_host_is_refused_before_anything_starts(tmp_path, value):
+    """An address, a port or a bad network would match no host the lab names: refused with what it takes."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "goblin_dask.volunteer", "tls://127.0.0.1:1", "--lab-host", value],
+                          capture_output=True, text=True, env={**os.environ, "GOBLIN_TOKEN": "unused"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--lab-host'" in done.stderr and "is not a host: give a name, an IP address or a " \
+        "network such as 10.0.0.0/24 ('*': any host), without a scheme or port" in done.stderr, done.stderr
 
 
 def test_a_volunteer_fetches_inputs_from_no_address_off_the_labs_host(hostile):

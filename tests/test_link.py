@@ -403,6 +403,32 @@ def test_an_honest_volunteer_sending_the_scheduler_more_than_its_read_burst_is_s
         assert not [ln for ln in log.splitlines() if big in ln and "silent for" in ln], log[-3000:]
 
 
+def test_an_honest_volunteer_running_many_small_tasks_at_full_speed_is_never_throttled_or_banned(tmp_path):
+    """The scheduler budgets what each volunteer credential sends it (its calls, and the stream messages that
+    report on no task: ``CallBudget``, 50 a second; its bytes: ``goblin.link.scheduler-read-rate``).  An honest
+    volunteer alone on a lab, two threads, computes a batched product at full speed: 2,500 pairs of 96x96
+    blocks (the smallest product the lab hands a volunteer), each pair a task with two new inputs it fetches,
+    caches and tells the scheduler of (``goblin-cached``).  Before, it sent a hint per fetch, 30 to 60 a second
+    on 2 cores shared with the lab (more on faster machines), from the budget its heartbeats share (one run of
+    such products: 159 dropped over the budget, and 2 failures counted to it); now its hints go at most once a second
+    (``HINT_INTERVAL``).  At the defaults nothing of it is refused or dropped over the budget, it is neither
+    banned nor counted failed or late, every task ran on it, and the product is numpy's."""
+    pairs, n = 2500, 96  # 96: the smallest product block the placement sends a volunteer (min-product-intensity)
+    rng = np.random.default_rng(29)
+    a, b = rng.standard_normal((2, pairs, n, n))
+    with LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node, node.client.as_current():
+        fast = node.add_volunteer(nthreads=2)
+        got = (ga.from_array(a, chunks=(1, n, n)) @ ga.from_array(b, chunks=(1, n, n))).compute()
+        report = node.report()
+        assert fast in node.volunteer_names() and node.processes[fast].poll() is None
+    np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+    record = report["volunteers"][fast]
+    assert record["accepted"] == pairs, record  # every task ran on it, and was checked
+    assert record["rejected"] == record["failed"] == record["late"] == 0 and not record["banned"], record
+    assert not report["bans"] and not report["refusals"], (report["bans"], report["refusals"])
+    assert report["over_budget"].get(fast, 0) == 0, report["over_budget"]
+
+
 def test_a_volunteer_registering_with_16_mib_of_versions_is_refused_before_they_are_compared(tmp_path):
     """Issue 29: a volunteer credential's ``register-worker`` carrying 16 MiB of ``versions`` (within the read
     rate's burst) stalled the scheduler's loop 4.66 s in distributed's version comparison, and could again at each

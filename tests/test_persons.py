@@ -180,6 +180,103 @@ def test_two_credentials_of_one_person_returning_one_wrong_block_are_not_confirm
         assert report["volunteers"][name]["banned"] and report["volunteers"][name]["accepted"] == 0, report["volunteers"]
 
 
+# -- bans -----------------------------------------------------------------------------------------
+
+def _product_is_right(node, seed: int, block: int = 48) -> None:
+    """One verified blocked product on the volunteers, equal to numpy's."""
+    from tests.conftest import assemble, blocked_product_graph
+
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((4 * block, 4 * block)), rng.standard_normal((4 * block, 4 * block))
+    dsk, keys, blocks = blocked_product_graph(a, b, block)
+    results = node.client.get(dsk, keys)
+    got = assemble({k[1:]: r for k, r in zip(keys, results)}, (a.shape[0], b.shape[1]), blocks)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+
+
+def _served(node, credential) -> list[str]:
+    """What the scheduler answers ``credential`` (a volunteer's) on a few handlers; 'dropped' when it refuses."""
+    from goblin_dask.node import rpc
+    from tests.test_link import _send
+
+    security = credential.security()
+    return [node.client.sync(_send, node.address, security, {"op": op, "reply": True})
+            for op in ("identity", rpc.LINK_ENDPOINTS)]
+
+
+def test_a_wrong_result_bans_every_credential_of_its_person_and_nobody_else(tmp_path):
+    """Before, a ban for wrong results reached only the credential that returned them: the same person's other
+    credentials stayed connected and served, and the admin could enrol the person again.  Now every credential
+    of the person is banned with it (the reason names the one that cheated), across a restart of the node,
+    and no credential is enrolled for them again; another person's volunteer is untouched."""
+    from goblin_dask.errors import EXIT_REFUSED, EXIT_REVOKED
+    from goblin_dask.node.local import LabNode
+    from goblin_dask.tls import Credential
+    from tests.conftest import read_log
+
+    lab = tmp_path / "lab"
+    with LabNode.local(volunteers=0, state_dir=lab, dashboard=False) as node:
+        cheat = node.add_volunteer(node.enroll("pat-gpu0", person="pat"), module="tests.cheaters",
+                                   extra_args=("--cheat", "zeros"))
+        twin = Credential.decode(node.enroll("pat-gpu1", person="pat"))
+        node.add_volunteer(twin.encode())
+        sam = Credential.decode(node.enroll("sam"))
+        node.add_volunteer(sam.encode())
+        spare = Credential.decode(node.enroll("pat-gpu2", person="pat"))  # enrolled, never joined
+        assert all(answer != "dropped" for answer in _served(node, spare))  # served while pat is in good standing
+        for seed in range(8):
+            _product_is_right(node, seed)
+            if node.report()["volunteers"][cheat]["banned"]:
+                break
+        report = node.report()
+        bans = {b["name"]: b["reason"] for b in report["bans"]}
+        assert set(bans) == {cheat, twin.name, spare.name}, bans
+        assert "rejected results" in bans[cheat]
+        for name in (twin.name, spare.name):
+            assert f"credential {cheat} of the same person (pat) was banned: {bans[cheat]}" == bans[name], bans
+        assert report["volunteers"][twin.name]["banned"] and report["volunteers"][twin.name]["rejected"] == 0
+        wait_for(lambda: twin.name not in node.volunteer_names(), f"{twin.name} disconnected")
+        code = node.processes[twin.name].wait(120)  # it tried again and was refused
+        assert code in (EXIT_REFUSED, EXIT_REVOKED), (code, read_log(node._log_path(twin.name)))
+        for credential in (twin, spare):
+            assert _served(node, credential) == ["dropped", "dropped"]
+        with pytest.raises(CredentialError, match="person 'pat' is banned from this lab node: their credential "
+                                                  "'pat-gpu0' was banned"):
+            node.enroll("pat-gpu3", person="pat")
+        volunteers = node.report()["volunteers"]
+        assert sam.name in node.volunteer_names() and not volunteers[sam.name]["banned"], volunteers
+        assert volunteers[sam.name]["rejected"] == 0, volunteers
+        _product_is_right(node, 100)
+    with LabNode.local(volunteers=0, state_dir=lab, dashboard=False) as node:  # the same lab, restarted
+        with pytest.raises(CredentialError, match="person 'pat' is banned"):
+            node.enroll("pat-gpu3", person="pat")
+        for credential in (twin, spare):
+            assert _served(node, credential) == ["dropped", "dropped"]
+        node.add_volunteer(twin.encode(), wait=False)
+        assert node.processes[twin.name].wait(120) == EXIT_REVOKED, read_log(node._log_path(twin.name))
+        node.add_volunteer(sam.encode())
+        _product_is_right(node, 101)
+        assert node.report()["volunteers"][sam.name]["accepted"] >= 1
+
+
+def test_a_person_banned_is_refused_even_for_a_credential_the_ban_missed(tmp_path):
+    """The person's ban, not only the revocations it wrote, refuses their credentials: one enrolled while the
+    node banned them (a registry entry written after the node listed the person's credentials) is refused."""
+    from goblin_dask.credentials import BANNED_PERSONS_FILE
+
+    lab = tmp_path / "lab"
+    keys = LabKeys(lab)
+    late = keys.issue("volunteer", "pat-gpu5", person="pat")
+    keys.ban_person("pat", "pat-gpu0", "2 rejected results")
+    assert json.loads((lab / BANNED_PERSONS_FILE).read_text())["pat"]["credential"] == "pat-gpu0"
+    for reader in (keys, LabKeys(lab)):  # this node, and one started again on the state directory
+        with pytest.raises(CredentialError, match="person 'pat' is banned .* 'pat-gpu0' was banned"):
+            reader.verify(late)
+        with pytest.raises(CredentialError, match="person 'pat' is banned"):
+            reader.issue("volunteer", "pat-gpu6", person="pat")
+    assert keys.verify(keys.issue("volunteer", "sam")).name == "sam"
+
+
 # -- the registry ---------------------------------------------------------------------------------
 
 def test_a_registry_without_persons_still_loads(tmp_path):

@@ -58,7 +58,8 @@ def test_the_plan_runs_a_worker_per_gpu_each_seeing_its_gpu_only_with_its_own_cr
     environ = {"PATH": "/usr/bin", "GOBLIN_TOKEN": "the parent's", "GOBLIN_VOLUNTEER_STATE_DIR": "/shared"}
     plan = gpu_worker_plan([0, 1], ["cred-0", "cred-1"], environ=environ, address="tls://lab:8786", nthreads=4,
                            memory_limit="8GB", gpu_memory_fraction=0.5, state_dir="/v", local_directory="/scratch",
-                           status_port=9000, only_when_idle=True, idle_threshold=30.0, max_attempts=5)
+                           status_port=9000, only_when_idle=True, idle_threshold=30.0, max_attempts=5,
+                           lab_hosts=("10.0.0.7", "10.1.0.0/16"))
     assert [w["gpu"] for w in plan] == [0, 1]
     for i, worker in enumerate(plan):
         env, argv = worker["env"], worker["argv"]
@@ -68,10 +69,12 @@ def test_the_plan_runs_a_worker_per_gpu_each_seeing_its_gpu_only_with_its_own_cr
         assert argv == ["tls://lab:8786", "--gpu", "--nthreads", "4", "--memory-limit", "8GB",
                         "--status-port", str(9000 + i), "--gpu-memory-fraction", "0.5",
                         "--state-dir", os.path.join("/v", f"gpu{i}"), "--local-directory", os.path.join("/scratch", f"gpu{i}"),
-                        "--only-when-idle", "--idle-threshold", "30.0", "--max-attempts", "5"]
+                        "--only-when-idle", "--idle-threshold", "30.0", "--max-attempts", "5",
+                        "--lab-host", "10.0.0.7", "--lab-host", "10.1.0.0/16"]
         # what each worker runs is a `goblin volunteer` command line it accepts
         with volunteer_command.make_context("volunteer", list(argv)) as ctx:
             assert ctx.params["gpu"] is True and ctx.params["gpu_memory_fraction"] == 0.5
+            assert ctx.params["lab_hosts"] == ("10.0.0.7", "10.1.0.0/16")
     # any free status port (0) and no page (-1) stay as they are; no state dir: each credential's own default
     for port in (0, -1):
         plan = gpu_worker_plan([2, 3], ["a", "b"], environ={}, address="x", nthreads=1, memory_limit="auto",

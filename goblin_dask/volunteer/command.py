@@ -15,6 +15,7 @@ import tempfile
 
 import click
 
+from goblin_dask import link
 from goblin_dask.errors import EXIT_GAVE_UP, EXIT_REFUSED, FatalConnectError, fatal_connect_error
 from goblin_dask.volunteer.agent import format_flops
 from goblin_dask.volunteer.connection import RefusedByNode, run_volunteer
@@ -24,6 +25,14 @@ from goblin_dask.volunteer.process import prepare_process
 from goblin_dask.volunteer.status_page import control, find_state_dir
 
 CONTROL_ACTIONS = ("pause", "resume", "status")
+
+
+def _lab_hosts(ctx, param, values) -> tuple[str, ...]:
+    """``--lab-host``: each one a host as ``goblin.link.lab-hosts`` takes it, checked before anything starts."""
+    try:
+        return tuple(link.lab_host(v) for v in values)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 @click.command("volunteer", context_settings={"show_default": True})
@@ -54,8 +63,12 @@ CONTROL_ACTIONS = ("pause", "resume", "status")
 @click.option("--host", default=None, hidden=True,
               help="ignored: a volunteer opens no listening socket (its link to the lab is outbound only)")
 @click.option("--max-attempts", default=None, type=int, help="give up after this many failed connection attempts")
+@click.option("--lab-host", "lab_hosts", multiple=True, metavar="HOST", callback=_lab_hosts,
+              help="a host of the lab beyond ADDRESS's that this volunteer may dial (a lab worker elsewhere): a name, "
+                   "an IP address or a network such as 10.0.0.0/24, '*' for any; repeat it for several; adds to the "
+                   "goblin.link.lab-hosts setting. Any other host the lab names makes the volunteer leave it")
 def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, gpu_memory_fraction, local_directory,
-                      state_dir, status_port, only_when_idle, idle_threshold, host, max_attempts):
+                      state_dir, status_port, only_when_idle, idle_threshold, host, max_attempts, lab_hosts):
     """Lend this machine to a lab node: compute its catalog operations, nothing else.
 
     \b
@@ -70,6 +83,7 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
     goblin volunteer ADDRESS --token FILE         join the lab node at ADDRESS and compute (FILE: from
                                                   `goblin enroll`, readable by you only)
     goblin volunteer ADDRESS --gpus 0,1 --token F0 --token F1   a worker per GPU, each with its credential
+    goblin volunteer ADDRESS --token FILE --lab-host 10.0.0.7    it may also dial the lab's worker at 10.0.0.7
     goblin volunteer pause|resume [--name NAME]   the running volunteer takes no new tasks / takes them again
     goblin volunteer status [--name NAME]         its status: tasks done, verified work, credit, trust
     """
@@ -98,7 +112,8 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
         plan = gpu_worker_plan(gpu_list, list(token), environ=dict(os.environ), address=address,
                                nthreads=nthreads, memory_limit=memory_limit, gpu_memory_fraction=gpu_memory_fraction,
                                state_dir=state_dir, local_directory=local_directory, status_port=status_port,
-                               only_when_idle=only_when_idle, idle_threshold=idle_threshold, max_attempts=max_attempts)
+                               only_when_idle=only_when_idle, idle_threshold=idle_threshold, max_attempts=max_attempts,
+                               lab_hosts=lab_hosts)
         if len(plan) > 1:  # a worker process per GPU, each with its own credential
             names = [_load_credential(t).name for t in token]
             if len(set(names)) != len(names):
@@ -116,6 +131,7 @@ def volunteer_command(address, token, name, nthreads, memory_limit, gpu, gpus, g
     credential = _load_credential(token)
     if name is not None and name != credential.name:
         raise click.BadParameter(f"this credential was issued for {credential.name!r}, not {name!r}", param_hint="--name")
+    link.allow_lab_hosts(lab_hosts)
     scratch = None if local_directory else tempfile.mkdtemp(prefix="goblin-volunteer-")
     local_directory = local_directory or scratch
     backend = prepare_process(gpu, gpu_memory_fraction)

@@ -36,7 +36,8 @@ def check_gpu_memory_fraction(value: float | None) -> float | None:
 def gpu_worker_plan(gpus: list[int], tokens: list[str], *, environ: dict, address: str, nthreads: int,
                     memory_limit: str, gpu_memory_fraction: float | None = None, state_dir: str | None = None,
                     local_directory: str | None = None, status_port: int = 0, only_when_idle: bool = False,
-                    idle_threshold: float = 25.0, max_attempts: int | None = None) -> list[dict]:
+                    idle_threshold: float = 25.0, max_attempts: int | None = None,
+                    lab_hosts: tuple[str, ...] = ()) -> list[dict]:
     """One worker process per GPU: ``[{"gpu", "env", "argv"}]``, ``argv`` for ``goblin volunteer``.
 
     Each worker sees only its GPU (``CUDA_VISIBLE_DEVICES``; an index counts among the devices this process
@@ -71,6 +72,8 @@ def gpu_worker_plan(gpus: list[int], tokens: list[str], *, environ: dict, addres
             argv += ["--only-when-idle", "--idle-threshold", repr(float(idle_threshold))]
         if max_attempts is not None:
             argv += ["--max-attempts", str(max_attempts)]
+        for host in lab_hosts:
+            argv += ["--lab-host", host]
         plan.append({"gpu": gpu, "env": env, "argv": argv})
     return plan
 

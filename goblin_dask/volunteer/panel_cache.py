@@ -18,7 +18,7 @@ The cache needs no trust: the lab checks every volunteer result against its own 
 inputs, so a volunteer serving itself a tampered panel returns a result that is rejected.
 
 The volunteer tells the lab node which keys it holds (``goblin-cached`` on its worker stream,
-:data:`HINT_OP`) so that placement prefers it for tasks reading them
+:data:`HINT_OP`, at most once per :data:`HINT_INTERVAL`) so that placement prefers it for tasks reading them
 (:mod:`scheduler_plugins.volunteer_cache`); the hint is untrusted: it only lowers the
 volunteer's estimated transfer cost.
 """
@@ -36,6 +36,12 @@ HINT_OP = "goblin-cached"
 #: Most keys one hint message may name (in ``add`` and ``remove`` each), and most a volunteer is believed to
 #: hold (about 100 bytes each on the scheduler: 100 KB per volunteer at most).
 MAX_HINT_KEYS = 1024
+#: Least seconds between two hints of one volunteer.  The scheduler charges each hint to the volunteer's call
+#: budget (:class:`scheduler_plugins.admission.CallBudget`: 50 a second, its heartbeats' too), and a hint per
+#: fetch grew with the volunteer's speed: two threads of small products, on 2 cores shared with the lab, sent
+#: 30 to 60 a second, and faster machines send more.  Gathered and sent at this pace, an honest volunteer's
+#: hints cost the same whatever its speed (the keys of the ones held back go in the next).
+HINT_INTERVAL = 1.0
 #: Longest key a hint may name (``source-<token>`` and block indices).
 MAX_KEY_INDICES = 8
 

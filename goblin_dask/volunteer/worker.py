@@ -74,7 +74,9 @@ def volunteer_worker_class():
 
     from goblin_dask import link
     from goblin_dask.ops import task_violation
-    from goblin_dask.volunteer.panel_cache import PanelCache, cache_limit, cacheable_key
+    from tornado.ioloop import PeriodicCallback
+
+    from goblin_dask.volunteer.panel_cache import HINT_INTERVAL, PanelCache, cache_limit, cacheable_key
 
     class VolunteerState(WorkerState):
         """distributed's worker state machine, fetching inputs nearest-task first (:func:`fetch_nearest_first`)."""
@@ -110,6 +112,8 @@ def volunteer_worker_class():
             link.tune_worker_stream(self)
             self.goblin_done = 0  # tasks it finished
             self.goblin_cache = PanelCache(cache_limit(self.memory_manager.memory_limit))
+            self.goblin_hinted = -HINT_INTERVAL  # when it last told the lab node what it keeps (time.monotonic)
+            self.periodic_callbacks["goblin-cache-hint"] = PeriodicCallback(self._goblin_hint, HINT_INTERVAL * 1000)
 
         @property
         def status(self):
@@ -225,10 +229,19 @@ def volunteer_worker_class():
                     if type(value) is np.ndarray and cacheable_key(key):
                         ts = self.state.tasks.get(key)
                         cache.put(key, value, ts.nbytes if ts is not None else None)
-                hint = cache.take_hint()
-                if hint is not None:  # which keys it holds: placement prefers it for tasks reading them
-                    super().batched_send(hint)
+                self._goblin_hint()
             return ev
+
+        def _goblin_hint(self) -> None:
+            """Tell the lab node which lab blocks it keeps now (placement prefers it for tasks reading them), at
+            most once per ``HINT_INTERVAL``: each hint spends its call budget, whatever this volunteer's speed."""
+            now = time.monotonic()
+            if now - self.goblin_hinted < HINT_INTERVAL:
+                return  # kept for the next one (the periodic callback sends it when no fetch does)
+            hint = self.goblin_cache.take_hint()
+            if hint is not None:
+                self.goblin_hinted = now
+                super().batched_send(hint)
 
         async def close(self, *args, **kwargs):
             self.goblin_cache.clear()  # memory only: nothing outlives the worker
