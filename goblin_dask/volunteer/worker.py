@@ -42,6 +42,20 @@ BLOCKED_HANDLERS = {
 EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
 
 
+def realign(data: dict) -> None:
+    """Replace each array of ``data`` (what a fetch received) that is not aligned to its itemsize by an aligned copy.
+
+    A received array is a view into its message's buffer, at whatever offset its frame landed (which depends on the
+    keys fetched together).  NumPy computes a product with an unaligned strided operand (a stage program's transposed
+    weight) in its own loop instead of BLAS, whose rounding differs from the lab's recomputation on its aligned copy:
+    honest stage results whose outputs are zero but for rounding (a bias gradient before a BatchNorm) were rejected."""
+    import numpy as np
+
+    for key, value in data.items():
+        if type(value) is np.ndarray and not value.flags.aligned:
+            data[key] = value.copy(order="K")
+
+
 def volunteer_worker_class():
     """The ``VolunteerWorker`` class, made on call: distributed and numpy load when the agent starts, not on import."""
     import numpy as np
@@ -189,6 +203,7 @@ def volunteer_worker_class():
         async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
             ev = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
             if isinstance(ev, GatherDepSuccessEvent):
+                realign(ev.data)
                 cache = self.goblin_cache
                 for key, value in ev.data.items():
                     cache.fetched_bytes += int(getattr(value, "nbytes", 0) or 0)
