@@ -320,7 +320,9 @@ def test_the_exposure_account_counts_distinct_elements_each_volunteer_received(t
             shares = [exposure[name].get(aid, 0.0) for name in exposure]
             assert all(s * 16 == pytest.approx(round(s * 16)) and s <= 1.0 for s in shares)  # whole blocks, once
             assert sum(shares) >= 1.0  # every block went to some volunteer
-        assert max(f for fractions in exposure.values() for f in fractions.values()) > 0.5  # no cap per volunteer
+        # no cap per volunteer: each received half of each operand's blocks (its run, held_tasks' "Runs"); before
+        # runs, distributed's placement spread them and one received more
+        assert max(f for fractions in exposure.values() for f in fractions.values()) >= 0.5
 
     run_lab(tmp_path, body)
 
