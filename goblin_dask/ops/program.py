@@ -210,6 +210,7 @@ _DECODED: "OrderedDict[str, Any]" = OrderedDict()
 def _remember(program: Any, blob: bytes | None, token: str | None) -> None:
     with _VERDICTS_LOCK:
         _TOKENS[id(program)] = (program, blob, token)
+        _TOKENS.move_to_end(id(program))  # the latest named stays longest
         while len(_TOKENS) > _TOKENS_MAX:
             _TOKENS.popitem(last=False)
 

@@ -326,15 +326,44 @@ def get_backend() -> str:
     return _BACKEND
 
 
-def _with_kwargs(task: Task, state: tuple, kwargs: dict) -> tuple:
-    """``task``'s pickled state (dask's slots, in order) with ``kwargs`` for its own."""
-    if kwargs is task.kwargs:
-        return state
-    at = task.get_all_slots().index("kwargs")
-    return (*state[:at], kwargs, *state[at + 1:])
+class ProgramPickleTask(Task):
+    """A Task whose stage program, if it carries one, travels as its pickle, made once per program and decoded once
+    per content (:func:`~goblin_dask.ops.program.pickled_program`): a round's tasks carry the same program to the
+    scheduler, to each volunteer and to the lab worker.  The program is ``kwargs["program"]``, or with
+    :attr:`PROGRAM_IN` set, ``kwargs[PROGRAM_IN]["program"]``."""
+
+    __slots__ = ()
+    PROGRAM_IN: ClassVar[str | None] = None
+
+    def _program_holder(self) -> Any:
+        return self.kwargs if self.PROGRAM_IN is None else self.kwargs.get(self.PROGRAM_IN)
+
+    def _with_holder(self, holder: Any) -> dict:
+        return holder if self.PROGRAM_IN is None else {**self.kwargs, self.PROGRAM_IN: holder}
+
+    def __getstate__(self) -> tuple:
+        from goblin_dask.ops.program import pickled_program
+
+        state = super().__getstate__()
+        holder = self._program_holder()
+        packed = pickled_program(holder)
+        if packed is holder:
+            return state
+        at = self.get_all_slots().index("kwargs")
+        return (*state[:at], self._with_holder(packed), *state[at + 1:])
+
+    def __setstate__(self, state: tuple) -> None:
+        """Decode under the volunteer's unpickler (plain data and nothing else), wherever this runs."""
+        from goblin_dask.ops.program import unpickled_program
+
+        super().__setstate__(state)
+        holder = self._program_holder()
+        unpacked = unpickled_program(holder)
+        if unpacked is not holder:
+            self.kwargs = self._with_holder(unpacked)
 
 
-class CatalogTask(Task):
+class CatalogTask(ProgramPickleTask):
     """A dask Task whose callable is a catalog op; the only task a volunteer runs.
 
     ``placement`` says where the lab node may place it ("volunteer" or "lab"); ``why``, for a
@@ -370,21 +399,6 @@ class CatalogTask(Task):
 
     def copy(self) -> "CatalogTask":
         return CatalogTask(self.key, self.func, *self.args, placement=self.placement, why=self.why, **self.kwargs)
-
-    def __getstate__(self) -> tuple:
-        """A stage program travels as its pickle, made once per program (:func:`~goblin_dask.ops.program.pickled_program`):
-        a round's tasks carry the same program to the scheduler, to each volunteer and to the lab worker."""
-        from goblin_dask.ops.program import pickled_program
-
-        return _with_kwargs(self, super().__getstate__(), pickled_program(self.kwargs))
-
-    def __setstate__(self, state: tuple) -> None:
-        """Decode a program sent as its pickle once per content, under the volunteer's unpickler (plain data and
-        nothing else, wherever this runs), then share it (:func:`~goblin_dask.ops.program.unpickled_program`)."""
-        from goblin_dask.ops.program import unpickled_program
-
-        super().__setstate__(state)
-        self.kwargs = unpickled_program(self.kwargs)
 
     def _get_token(self) -> str:
         """dask's token of the task (it names the graph a client submits); a stage program is named by the

@@ -39,7 +39,8 @@ from dask.base import tokenize
 
 from goblin_dask import settings
 from goblin_dask.node.rpc import POLICY as POLICY_HANDLER  # the scheduler handler asked how to verify a replica
-from goblin_dask.ops.spec import CatalogTask, Exact, Freivalds, OpSpec, Recompute, Replica, Verification
+from goblin_dask.ops.spec import (CatalogTask, Exact, Freivalds, OpSpec, ProgramPickleTask, Recompute, Replica,
+                                  Verification)
 from goblin_dask.validation.freivalds import check_product
 
 logger = logging.getLogger("goblin_dask.validation")
@@ -83,27 +84,12 @@ def insert_checks(dsk: Mapping[Any, GraphNode], keys: Any = None) -> dict[Any, G
     return out
 
 
-class CheckTask(Task):
+class CheckTask(ProgramPickleTask):
     """The lab worker's check of a volunteer task (:func:`accept`): a stage program among its ``params`` travels as
     its pickle, as in the checked :class:`~goblin_dask.ops.spec.CatalogTask` itself."""
 
     __slots__ = ()
-
-    def __getstate__(self) -> tuple:
-        from goblin_dask.ops.program import pickled_program
-        from goblin_dask.ops.spec import _with_kwargs
-
-        params = self.kwargs.get("params")
-        packed = pickled_program(params)
-        return _with_kwargs(self, super().__getstate__(), self.kwargs if packed is params else
-                            {**self.kwargs, "params": packed})
-
-    def __setstate__(self, state: tuple) -> None:
-        from goblin_dask.ops.program import unpickled_program
-
-        super().__setstate__(state)
-        if isinstance(self.kwargs.get("params"), dict):
-            self.kwargs = {**self.kwargs, "params": unpickled_program(self.kwargs["params"])}
+    PROGRAM_IN = "params"
 
 
 def _refs(args: tuple) -> tuple:
