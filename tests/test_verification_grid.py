@@ -175,6 +175,33 @@ def test_the_lab_worker_knows_which_volunteer_sent_each_result_it_checks(grid):
     assert all(sources.get(unverified_key(key)) in volunteers for key in keys), (sources, volunteers)
 
 
+def test_a_result_the_lab_worker_computed_itself_is_credited_to_nobody(tmp_path):
+    """Seen in CI: a banned cheater credited with accepted results.  The lab worker had fetched two of its
+    blocks, the cheater was removed, the blocks were computed again on the lab worker itself, and the check
+    of the lab's own bytes read the note of that earlier fetch.  Here the note is left by hand for every
+    block of a volunteer that has gone, and the lab worker computes them all: nobody is credited."""
+    import dask
+    from dask.core import flatten
+
+    from goblin_dask.validation.checks import unverified_key
+
+    with dask.config.set({"goblin.faults.no-volunteer-wait": 1.0}), \
+            LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node:
+        name = node.add_volunteer(node.enroll("gone"))
+        address = node.volunteer_addresses()[name]
+        node.kill_volunteer(name)
+        wait_for(lambda: name not in node.volunteer_names(), f"{name} removed")
+        x = ga.random.standard_normal((2 * BLOCK, 2 * BLOCK), chunks=BLOCK, seed=21)
+        keys = [unverified_key(k) for k in flatten(x.__dask_keys__())]
+        lab = node.lab_worker_address()
+        node.client.run(lambda dask_worker: dask_worker.goblin_fetched_from.update(dict.fromkeys(keys, address)),
+                        workers=[lab])
+        np.testing.assert_array_equal(x.compute(), x.compute(scheduler="sync"))
+        report = node.report()
+    assert report["by_method"].get("sample", 0) >= len(keys), report["by_method"]  # the lab checked them all
+    assert report["volunteers"][name]["accepted"] == 0, report["volunteers"]
+
+
 @pytest.fixture
 def auditing(monkeypatch):
     """The lab audits every replica pair (``audit-rate`` 1.0): the colluders are caught at once, deterministically."""

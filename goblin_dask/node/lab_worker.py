@@ -104,6 +104,12 @@ class LabWorker(Worker):
                                       f"tasks, not {str(bad[0])[:120]}") from None
         return await super().get_data(comm, keys=keys, who=who, serializers=serializers)
 
+    async def execute(self, key, *, stimulus_id):
+        # computed here now (its volunteer left after the fetch, or it never had one): whoever sent the bytes
+        # of an earlier fetch did not send these, and a check of them must blame or credit nobody
+        self.goblin_fetched_from.pop(key, None)
+        return await super().execute(key, stimulus_id=stimulus_id)
+
     async def gather_dep(self, worker, to_gather, total_nbytes, *, stimulus_id):
         event = await super().gather_dep(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
         if isinstance(event, GatherDepFailureEvent) and link.nat_name(worker) is not None:
