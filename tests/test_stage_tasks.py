@@ -152,8 +152,8 @@ def test_the_replica_comparison_takes_other_blas_kernels_and_refuses_a_scaled_gr
 
 
 def test_a_pseudo_gradient_keeps_its_own_scale_so_a_scaled_one_is_refused():
-    """start - end is a difference of two parameter-sized values, but no reduction: its rounding floor stays 0 and
-    it is compared on its own magnitude (a floor of the parameters' size would let a 1.001 scaling through)."""
+    """start - end is a difference of two parameter-sized values: its rounding floor is the step's, the gradient's
+    largest term times the learning rate, never the parameters' size (which would let a 1.001 scaling through)."""
     from goblin_dask.ops.program import rounding_floors
 
     steps = (("sum", 1, (("$ref", 1),), (("axis", 0),)),                 # 2: a gradient
@@ -165,11 +165,45 @@ def test_a_pseudo_gradient_keeps_its_own_scale_so_a_scaled_one_is_refused():
     start, x = rng.standard_normal(64).astype(np.float32), rng.standard_normal((32, 64)).astype(np.float32)
     out = run(start, x, program=spec)
     floors = rounding_floors(out, spec)
-    assert floors[0] == 0 and floors[1] == pytest.approx(np.abs(x).max())
+    assert floors[0] == pytest.approx(1e-3 * np.abs(x).max(), rel=1e-6) and floors[1] == pytest.approx(np.abs(x).max())
     scaled = out.copy()
     scaled[:64] *= np.float32(1.001)
     assert same_program_result(out, out.copy(), (), {"program": spec})
     assert not same_program_result(scaled, out, (), {"program": spec})
+
+
+def test_a_gradient_summed_over_weighted_micro_batches_keeps_its_sums_rounding_floor():
+    """A round of several micro-batches sums each one's gradient times its weight (``add`` of ``multiply`` by a
+    number).  Where the gradient is zero by construction (a bias before BatchNorm) each term is rounding noise,
+    which another CPU's BLAS gives wholly otherwise.  Before, the walk back stopped at the ``multiply``: floor 0,
+    and an honest volunteer on another CPU was rejected; now the floor is each sum's largest term times its
+    weight.  A product of two values is no scaling: its floor stays 0."""
+    from goblin_dask.ops.program import rounding_floors
+
+    steps = (("sum", 1, (("$ref", 0),), (("axis", 0),)),                 # 2: micro-batch 1's gradient
+             ("sum", 1, (("$ref", 1),), (("axis", 0),)),                 # 3: micro-batch 2's
+             ("multiply", 1, (("$ref", 2), np.float32(0.25)), ()),       # 4
+             ("multiply", 1, (np.float32(0.75), ("$ref", 3)), ()),       # 5
+             ("add", 1, (("$ref", 4), ("$ref", 5)), ()),                 # 6: the round's gradient
+             ("multiply", 1, (("$ref", 2), ("$ref", 3)), ()))            # 7: no scaling
+    spec = (FORMAT, 2, steps, ((6, (16,), "<f4"), (7, (16,), "<f4")), "<f4", 1e3)
+    rng = np.random.default_rng(5)
+    one, two = (rng.standard_normal((24, 16)).astype(np.float32) for _ in range(2))
+    one[:, 3], two[:, 3] = rng.standard_normal(24).astype(np.float32) * 8, 0  # the largest terms
+    one -= one.mean(axis=0)  # each sum cancels to rounding noise, as a bias's gradient before BatchNorm does
+    two -= two.mean(axis=0)
+    out = run(one, two, program=spec)
+    floors = rounding_floors(out, spec)
+    want = max(0.25 * np.abs(one).max(), 0.75 * np.abs(two).max())
+    assert floors[0] == pytest.approx(want, rel=1e-6) and floors[1] == 0, floors
+    params = {"program": spec}
+    eps32 = float(np.finfo(np.float32).eps)
+    honest = out.copy()
+    honest[:16] += np.float32(40 * eps32 * want) * np.sign(rng.standard_normal(16)).astype(np.float32)
+    assert same_program_result(honest, out, (), params) and same_program_result(out, honest, (), params)
+    wrong = out.copy()
+    wrong[:16] += np.float32(0.05 * want)
+    assert not same_program_result(wrong, out, (), params)
 
 
 _CNN_STAGE = """

@@ -75,23 +75,42 @@ def outputs_of(program: tuple) -> list[tuple[tuple[int, ...], np.dtype]]:
     return [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in _parts(program)[3]]
 
 
-def _floor_steps(program: tuple) -> list[set[int]]:
-    """For each output, the steps whose terms bound its rounding (see :func:`rounding_floors`): walked back from
-    the output through :data:`_PASS_THROUGH` ops to the :data:`_SUMS` steps that made it."""
+def _constant_factor(name: str, args: tuple) -> float | None:
+    """The factor ``multiply`` or ``divide`` scales its one value operand by, when every other operand is a number
+    literal (the round's weight of a micro-batch's gradient); None for any other step."""
+    refs = [i for i, a in enumerate(args) if is_ref(a)]
+    if name not in ("multiply", "divide") or len(refs) != 1 or len(args) != 2 or (name == "divide" and refs != [0]):
+        return None
+    c = args[1 - refs[0]]
+    if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not np.isfinite(c) or c == 0:
+        return None
+    return abs(float(c)) if name == "multiply" else 1.0 / abs(float(c))
+
+
+def _floor_steps(program: tuple) -> list[dict[int, float]]:
+    """For each output, the steps whose terms bound its rounding (see :func:`rounding_floors`), each with the factor
+    its terms are scaled by on the way: walked back from the output through :data:`_PASS_THROUGH` ops, and through
+    a product with (or quotient by) a number literal, to the :data:`_SUMS` steps that made it.  A multi-micro-batch
+    gradient is ``add`` of ``multiply(sum, weight)``: zero by construction where a normalization follows its bias,
+    it gets its sums' floor times the weight, not 0 (another CPU's BLAS rounds it otherwise, wholly)."""
     _, n_inputs, steps, outputs, _, _ = _parts(program)
-    found: list[set[int]] = []
+    found: list[dict[int, float]] = []
     for value, _, _ in outputs:
-        here, todo, seen = set(), [value], set()
+        here: dict[int, float] = {}
+        todo, seen = [(value, 1.0)], {}
         while todo:
-            v = todo.pop()
-            if v < n_inputs or v in seen:
+            v, scale = todo.pop()
+            if v < n_inputs or seen.get(v, -1.0) >= scale:
                 continue
-            seen.add(v)
+            seen[v] = scale
             name, _, args, _ = steps[v - n_inputs]
+            factor = _constant_factor(name, args)
             if name in _SUMS:
-                here.add(v - n_inputs)
+                here[v - n_inputs] = max(here.get(v - n_inputs, 0.0), scale)
             elif name in _PASS_THROUGH:
-                todo.extend(_refs_in(args))
+                todo.extend((r, scale) for r in _refs_in(args))
+            elif factor is not None:
+                todo.extend((r, scale * factor) for r in _refs_in(args))
         found.append(here)
     return found
 
@@ -189,7 +208,7 @@ def run(*inputs: Any, program: tuple) -> np.ndarray:
                 env[r] = None
     dtype = np.dtype(result_dtype)
     parts = [np.asarray(env[i]).astype(dtype, copy=False).reshape(-1) for i, _, _ in outputs]
-    floors = [max((terms[j] for j in found), default=0.0) for found in floor_steps]
+    floors = [max((terms[j] * scale for j, scale in found.items()), default=0.0) for found in floor_steps]
     with np.errstate(over="ignore", invalid="ignore"):
         parts.append(np.asarray(floors, dtype=np.float64).astype(dtype))
     return np.concatenate(parts)
