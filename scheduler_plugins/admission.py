@@ -24,6 +24,7 @@ keys, at most :data:`VOLUNTEER_WHO_HAS_KEYS`
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from typing import Any
@@ -49,8 +50,13 @@ VOLUNTEER_HANDLERS = frozenset({"register-worker", "heartbeat_worker", "who_has"
 #: most :data:`VOLUNTEER_CALL_BURST` (an honest agent makes a few a second: heartbeats and its status).
 VOLUNTEER_CALLS_PER_SECOND = 50.0
 VOLUNTEER_CALL_BURST = 500
-#: Calls refused over the budget after which the volunteer is banned: a flood, not a burst.
+#: Calls refused over the budget after which the volunteer is banned: a flood, not a burst.  Counted with a
+#: decay (:data:`VOLUNTEER_FLOOD_MEMORY`), so that a long-lived honest agent refused now and then (a burst after
+#: a reconnection) is never banned by refusals summed over weeks; a flood is refused hundreds of times a second.
 VOLUNTEER_FLOOD_BAN = 1000
+#: Seconds over which the flood count decays by a factor e: a volunteer is banned once refused about
+#: :data:`VOLUNTEER_FLOOD_BAN` times within this long (more slowly than 1000 / 60, about 17 a second: never).
+VOLUNTEER_FLOOD_MEMORY = 60.0
 #: The most keys a volunteer may ask ``who_has`` about in one call.
 VOLUNTEER_WHO_HAS_KEYS = 10_000
 #: What a call or stream message costs from the budget beyond its one call (:func:`call_cost`): one call's
@@ -136,16 +142,23 @@ class CallBudget:
 
     ``spend(name, cost)`` takes ``cost`` calls' worth (:func:`call_cost`) from ``name``'s bucket (``burst``
     calls, refilled at ``rate`` a second): False, and nothing taken, when less than one call is left, and
-    ``refused[name]`` counts those.  A costly call may leave the bucket in debt: it runs, and the calls after it
-    wait until the debt is paid back.  Names are those of admitted credentials (the lab's CA signed them), so
-    the table grows with the volunteers enrolled, not with what they send.
+    ``refused[name]`` counts those (for the report); :meth:`recent_refusals` counts them decayed by a factor e
+    every ``memory`` seconds (what a ban for flooding reads).  A costly call may leave the bucket in debt: it
+    runs, and the calls after it wait until the debt is paid back.  Names are those of admitted credentials (the
+    lab's CA signed them), so the table grows with the volunteers enrolled, not with what they send.
     """
 
     def __init__(self, rate: float = VOLUNTEER_CALLS_PER_SECOND, burst: int = VOLUNTEER_CALL_BURST,
-                 clock=time.monotonic):
-        self.rate, self.burst, self.clock = float(rate), float(burst), clock
+                 clock=time.monotonic, memory: float = VOLUNTEER_FLOOD_MEMORY):
+        self.rate, self.burst, self.clock, self.memory = float(rate), float(burst), clock, float(memory)
         self.tokens: dict[str, tuple[float, float]] = {}  # name -> (tokens, when counted)
         self.refused: dict[str, int] = {}
+        self._recent: dict[str, tuple[float, float]] = {}  # name -> (decayed refusals, when counted)
+
+    def recent_refusals(self, name: str) -> float:
+        """``name``'s refusals, each weighted ``exp(-age / memory)``."""
+        count, then = self._recent.get(name, (0.0, self.clock()))
+        return count * math.exp(-max(0.0, self.clock() - then) / self.memory)
 
     def spend(self, name: str, cost: float = 1.0) -> bool:
         now = self.clock()
@@ -156,6 +169,7 @@ class CallBudget:
             return True
         self.tokens[name] = (tokens, now)
         self.refused[name] = self.refused.get(name, 0) + 1
+        self._recent[name] = (self.recent_refusals(name) + 1.0, now)
         return False
 
 
@@ -403,9 +417,8 @@ class AdmissionPlugin(SchedulerPlugin):
         False when it is over its budget (a volunteer over it :data:`VOLUNTEER_FLOOD_BAN` times is banned)."""
         if self.calls.spend(name, cost):
             return True
-        refused = self.calls.refused[name]
-        if refused == VOLUNTEER_FLOOD_BAN:
-            self.ban(name, f"flooded the lab node: {refused} calls over its budget of "
+        if self.calls.recent_refusals(name) >= VOLUNTEER_FLOOD_BAN and name not in self.banned:
+            self.ban(name, f"flooded the lab node: {self.calls.refused[name]} calls over its budget of "
                            f"{VOLUNTEER_CALLS_PER_SECOND:g} a second (last: {str(op)[:80]!r})")
         return False
 

@@ -7,6 +7,7 @@ their signed tokens; ``test_grid`` and ``test_access_tls`` check the same with r
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 
@@ -396,6 +397,24 @@ def test_the_call_budget_passes_a_burst_refills_at_its_rate_and_counts_refusals(
     now[0] += 60.0  # never more than the burst, however long it waited
     assert sum(budget.spend("v1") for _ in range(10)) == 5
     assert budget.refused["v1"] == 8
+
+
+def test_refusals_spread_over_weeks_do_not_add_up_to_a_flood_but_a_flood_does():
+    """Before, every refusal in the node's lifetime counted toward the flood ban: an honest agent refused a few
+    calls after each reconnection was banned after about 1000 of them, however many weeks apart.  Now the count
+    decays (a factor e a minute): only refusals close together make a flood."""
+    from scheduler_plugins.admission import VOLUNTEER_FLOOD_BAN, VOLUNTEER_FLOOD_MEMORY, CallBudget
+
+    now = [0.0]
+    budget = CallBudget(rate=10.0, burst=5, clock=lambda: now[0])
+    for day in range(2 * VOLUNTEER_FLOOD_BAN // 10):  # ten refused calls, every hour
+        assert sum(budget.spend("honest") for _ in range(15)) == 5
+        now[0] += 3600.0
+    assert budget.refused["honest"] == 2 * VOLUNTEER_FLOOD_BAN and budget.recent_refusals("honest") < 1.0
+    flood = [budget.spend("flood") for _ in range(VOLUNTEER_FLOOD_BAN + 5)]
+    assert flood.count(False) == VOLUNTEER_FLOOD_BAN and budget.recent_refusals("flood") >= VOLUNTEER_FLOOD_BAN
+    now[0] += VOLUNTEER_FLOOD_MEMORY
+    assert budget.recent_refusals("flood") == pytest.approx(VOLUNTEER_FLOOD_BAN / math.e)
 
 
 def test_a_costly_call_leaves_the_budget_in_debt_until_it_is_paid_back():
