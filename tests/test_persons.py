@@ -259,6 +259,35 @@ def test_a_wrong_result_bans_every_credential_of_its_person_and_nobody_else(tmp_
         assert node.report()["volunteers"][sam.name]["accepted"] >= 1
 
 
+def test_a_malformed_message_bans_only_the_credential_that_sent_it(tmp_path):
+    """A malformed message proves nothing about a person: a credential read off one machine (by another local
+    user, say) could send one to get its owner's other credentials banned.  The credential that sent it is
+    banned; the same person's other volunteer stays connected and computes, and the person may still enrol."""
+    from distributed.protocol.serialize import ToPickle
+
+    from goblin_dask.credentials import BANNED_PERSONS_FILE
+    from goblin_dask.node.local import LabNode
+    from goblin_dask.tls import Credential
+    from tests.hostile_link import Command
+    from tests.test_link import _send
+
+    lab = tmp_path / "lab"
+    with LabNode.local(volunteers=0, state_dir=lab, dashboard=False) as node:
+        working = node.add_volunteer(node.enroll("pat-gpu0", person="pat"))
+        stolen = Credential.decode(node.enroll("pat-gpu1", person="pat"))
+        evil = {"op": "identity", "reply": True, "payload": ToPickle(Command(str(tmp_path / "pwned")))}
+        assert node.client.sync(_send, node.address, stolen.security(), evil) == "dropped"
+        wait_for(lambda: stolen.name in node.keys.revoked(), f"{stolen.name} banned")
+        assert not (tmp_path / "pwned").exists()
+        bans = {b["name"]: b["reason"] for b in node.report()["bans"]}
+        assert set(bans) == {stolen.name}, bans
+        assert working in node.volunteer_names() and working not in node.keys.revoked()
+        assert not (lab / BANNED_PERSONS_FILE).exists() or "pat" not in json.loads((lab / BANNED_PERSONS_FILE).read_text())
+        _product_is_right(node, 102)
+        assert node.report()["volunteers"][working]["accepted"] >= 1
+        assert Credential.decode(node.enroll("pat-gpu2", person="pat")).name == "pat-gpu2"
+
+
 def test_a_person_banned_is_refused_even_for_a_credential_the_ban_missed(tmp_path):
     """The person's ban, not only the revocations it wrote, refuses their credentials: one enrolled while the
     node banned them (a registry entry written after the node listed the person's credentials) is refused."""
