@@ -12,8 +12,9 @@ reads ``OPENBLAS_CORETYPE`` at start), on several data draws, then compares ever
   largest element of one output off by 1e-3 of its magnitude: how many were caught.
 
 Workloads: a GPT's forward and backward (the LM round's stage task), a CNN with a conv bias before
-BatchNorm (a gradient that cancels to noise; an int64 counter packs float32 outputs as float64), and
-a GPT's captured forward pass.
+BatchNorm (a gradient that cancels to noise; an int64 counter packs float32 outputs as float64), the same
+CNN's task for a round of 2 micro-batches (each one's gradient times its weight, summed: the cancelled
+gradient reaches the output through ``multiply`` and ``add``), and a GPT's captured forward pass.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/stage_check.py [--draws 3] [--write]
 """
@@ -69,6 +70,20 @@ elif workload == "CNN, conv bias before BatchNorm":
                           nn.Linear(8 * 8 * 8, 5)).train()
     spec, inputs = joint(model, F.cross_entropy, rng.standard_normal((8, 3, 8, 8)).astype(np.float32),
                          rng.integers(0, 5, 8))
+elif workload == "CNN, 2 micro-batches summed":
+    from goblin_dask.training.trainer import Trainer
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 5)).train()
+    trainer = Trainer(model, F.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=2)
+    x, y = rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 5, 8)
+    parts = np.array_split(np.arange(8), 2)
+    inputs = [trainer._params[k] for k in trainer.param_names] + [trainer._buffers[k] for k in trainer.buffer_names]
+    spec = trainer._group_program(x, y, parts, [0.5, 0.5], [0, 1], inputs[:len(trainer.param_names)],
+                                  inputs[len(trainer.param_names):]).spec
+    for idx in parts:
+        g = trainer._graph_for(x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1])
+        inputs += [x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1],
+                   *(g._constant_value(k) for k in g._stage_names()[len(g.inputs):])]
 else:
     ids = rng.integers(0, 128, (4, 64))
     graph = goblin_dask.capture(gpt(128, 64, 2, 64, 2), torch.as_tensor(ids))
@@ -79,7 +94,8 @@ with threadpoolctl.threadpool_limits(int(sys.argv[5])):
 pickle.dump((spec, result), open(out, "wb"))
 '''
 
-WORKLOADS = ("GPT forward and backward", "CNN, conv bias before BatchNorm", "GPT captured forward")
+WORKLOADS = ("GPT forward and backward", "CNN, conv bias before BatchNorm", "CNN, 2 micro-batches summed",
+             "GPT captured forward")
 
 
 def results(workload: str, draw: int, tmp: Path) -> list[tuple[tuple, np.ndarray]]:
