@@ -43,6 +43,29 @@ def test_parameters_are_not_capped_by_max_share_unless_set():
         from_numpy_like(np.ones(3), 3, kind="weights")
 
 
+def test_pieces_of_a_flat_vector_are_one_lab_array_of_their_own():
+    """A stage task's parameters cut from the flat vector of all of them (``pieces_array``): one lab task, a
+    lab array of its own (its id, its size, the kind given), the pieces' numbers in order; one piece is a view
+    of the vector on the lab worker (no copy)."""
+    from goblin_dask.array.sources import lab_value, pieces_array
+
+    flat = np.arange(20, dtype=np.float32)
+    source = from_numpy_like(flat, -1, kind="parameters")
+    both = pieces_array(source, [(2, 5), (10, 14)], kind="parameters")
+    (key,) = [k for k, t in dict(both.__dask_graph__()).items() if getattr(t, "func", None) is lab_value]
+    task = dict(both.__dask_graph__())[key]
+    aid, shape, box, kind = parse_lab_array(task.kwargs["lab_array"])
+    assert shape == (7,) and box == ((0, 7),) and kind == "parameters"
+    assert lab_array_kinds(both) == {aid: (7, "parameters")} and aid not in lab_arrays(source)
+    np.testing.assert_array_equal(both.compute(scheduler="sync"), np.r_[flat[2:5], flat[10:14]])
+    assert pieces_array(source, [(2, 5), (10, 14)], kind="parameters").name == both.name  # the same key
+    assert pieces_array(source, [(2, 5)], kind="parameters").name != both.name
+    assert np.shares_memory(lab_value(flat, (), pieces=((3, 9),)), flat)
+    for bad in ([], [(5, 2)], [(0, 21)]):
+        with pytest.raises(ValueError):
+            pieces_array(source, bad)
+
+
 def test_lab_array_tuples_are_parsed_strictly():
     assert parse_lab_array(("a1", (4, 6), ((0, 2), (0, 6)))) == ("a1", (4, 6), ((0, 2), (0, 6)), "data")
     assert parse_lab_array(("a1", (4,), ((0, 4),), "parameters"))[3] == "parameters"

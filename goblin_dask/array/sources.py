@@ -75,13 +75,20 @@ def lab_block(data: np.ndarray, lab_array: tuple | None = None, index: tuple | N
     return data if index is None else data[index]
 
 
-def lab_value(result: Any, path: tuple, lab_array: tuple | None = None) -> np.ndarray:
+def lab_value(result: Any, path: tuple, lab_array: tuple | None = None, pieces: tuple | None = None) -> np.ndarray:
     """Lab worker: the array at ``path`` in an earlier lab task's result (``result[path[0]][path[1]]...``;
     ``lab_array`` is for the scheduler): numbers that stay on the lab worker between computations, a
-    model's parameters between training rounds, instead of travelling to the researcher and back."""
+    model's parameters between training rounds, instead of travelling to the researcher and back.
+
+    ``pieces``: ``((start, stop), ...)`` of that (1-d) array, one vector of them in order (one piece: a view,
+    no copy): a stage task's own parameters cut from the flat vector of all of them (:func:`pieces_array`)."""
     for step in path:
         result = result[step]
-    return result
+    if pieces is None:
+        return result
+    if len(pieces) == 1:
+        return result[pieces[0][0]:pieces[0][1]]
+    return np.concatenate([result[a:b] for a, b in pieces])
 
 
 def resident_array(result: Any, path: tuple, shape: tuple, dtype: Any, token: Any, kind: str = "data") -> Any:
@@ -101,6 +108,35 @@ def resident_array(result: Any, path: tuple, shape: tuple, dtype: Any, token: An
     out = from_graph(name, {key: Task(key, lab_value, result, tuple(path), lab_array=where)},
                      tuple((n,) for n in shape), np.dtype(dtype))
     out.dask.layers[name].collection_annotations = {LAB_ARRAY: (aid, math.prod(shape), *tail)}
+    return out
+
+
+def pieces_array(source: Any, pieces: Any, kind: str = "data") -> Any:
+    """The ``pieces`` (``[(start, stop), ...]``) of ``source`` (a one-block 1-d lab array on the lab worker: a
+    :func:`resident_array`, or ``from_array``'s) as one vector, a one-block lab array of ``kind`` of its own,
+    made by one lab task (:func:`lab_value`): what one stage task reads of a model's flat parameters, and no
+    more.  Named by ``source``'s name and the pieces, so the same pieces of the same numbers are one key."""
+    from dask._task_spec import TaskRef
+
+    from goblin_dask.array.core import from_graph
+    from goblin_dask.array.keys import block_key, new_name
+
+    if kind not in KINDS:
+        raise ValueError(f"pieces_array: kind {kind!r}: one of {', '.join(KINDS)}")
+    if source.ndim != 1 or source.npartitions != 1:
+        raise ValueError(f"pieces_array: a one-block vector, got shape {source.shape} in {source.npartitions} blocks")
+    pieces = tuple((int(a), int(b)) for a, b in pieces)
+    if not pieces or any(not 0 <= a < b <= source.shape[0] for a, b in pieces):
+        raise ValueError(f"pieces_array: pieces {pieces[:3]}... of a vector of {source.shape[0]}")
+    n = sum(b - a for a, b in pieces)
+    name = new_name("source", "pieces", source.name, pieces, kind)
+    aid = "r" + name.rsplit("-", 1)[-1][:15]
+    tail = () if kind == "data" else (kind,)
+    key = block_key(name, (0,))
+    task = Task(key, lab_value, TaskRef(source.__dask_keys__()[0]), (), lab_array=(aid, (n,), ((0, n),), *tail),
+                pieces=pieces)
+    out = from_graph(name, {key: task}, ((n,),), source.dtype, dependencies=[source])
+    out.dask.layers[name].collection_annotations = {LAB_ARRAY: (aid, n, *tail)}
     return out
 
 
