@@ -648,7 +648,7 @@ def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_
             assert set(_parameter_numbers_in(dsk, 2)) <= batch
             assert all(tuple(p.shape) not in batch for p in model.parameters())
             blocks = [t for t in dsk.values() if getattr(t, "func", None) is lab_value]
-            assert len(blocks) >= len(trainer.param_names)
+            assert any(t.args[1] == ("flat",) for t in blocks)  # (each stage's cut from it: see the test below)
         assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
         assert trainer._host_round < trainer.rounds  # the new parameters did not come to this process
     state = trainer.state_dict()
@@ -657,6 +657,63 @@ def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_
             np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
     after = stage_grid.report()
     assert after["rejected"] == before["rejected"]
+
+
+def test_a_round_in_stages_reads_each_stages_parameters_as_one_lab_array(stage_grid):
+    """Issue 28: a round of pipelines of stage tasks (a model larger than one stage) after the first reads the
+    parameters the lab worker kept as one lab array per stage, holding exactly that stage's parameters (cut
+    from their flat vector by one lab task; a forward stage and its backward, which recomputes that forward,
+    share it), plus the flat vector itself, which the step reads: a handful of lab tasks, where there was one
+    per parameter (53 here).  Each stage task has one parameter input; no stage task receives another stage's
+    parameters; the step still cuts the gradients from the packed results; torch's numbers."""
+    from goblin_dask.array.sources import lab_value
+    from goblin_dask.training import Trainer, optim
+
+    torch.manual_seed(4)
+    model = gpt(64, 32, 4, 16, 2).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
+                      client=stage_grid.client, stage_memory=80_000)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    P = len(trainer.param_names)
+    sizes = [trainer._params[k].size for k in trainer.param_names]
+    for r in range(3):
+        x, y = _batch(rows=8, seed=70 + r)
+        if r:  # the first round reads this process's copies, one lab array each (sent once)
+            dsk, key = trainer.round_graph(x, y)
+            assert dsk[key].func is optim.lab_round
+            held = [(k, t) for k, t in dsk.items() if getattr(t, "func", None) is lab_value]
+            per_parameter = [k for k, t in held if t.args[1][:1] == ("params",)]
+            flat = [k for k, t in held if t.args[1] == ("flat",) and "pieces" not in t.kwargs]
+            stages = {k: t for k, t in held if "pieces" in t.kwargs}
+            assert not per_parameter and len(flat) == 1, (per_parameter, flat)
+            programs = {k: t for k, t in dsk.items() if isinstance(t, CatalogTask) and t.op.name == "program"}
+            depth = _program_depth(dsk)  # the stage tasks one after another: the plan's stages
+            assert 3 <= depth and 2 <= len(stages) <= depth
+            assert len(stages) + len(flat) < P // 4
+            for k, t in stages.items():  # each a vector of its stage's parameters, cut from the flat one
+                assert set(t.dependencies) == set(flat)
+                n = sum(b - a for a, b in t.kwargs["pieces"])
+                assert t.kwargs["lab_array"][1] == (n,) and 0 < n < sum(sizes)
+            read = [[d for d in t.dependencies if d in stages] for t in programs.values()]
+            assert all(len(d) == 1 for d in read), read  # one parameter input per stage task, never the flat one
+            assert not any(set(t.dependencies) & set(flat) for t in programs.values())
+            if r == 1:  # a per-task cap that each parameter is under (goblin.minimization.small-array) and a
+                # stage's vector of several is not: those stage tasks read their parameters one by one, as before
+                caps = {"goblin.minimization.parameters-max-share": 0.5, "goblin.minimization.small-array": max(sizes)}
+                with dask.config.set(caps):
+                    capped, _ = trainer.round_graph(x, y)
+                kept = [t for t in capped.values() if getattr(t, "func", None) is lab_value]
+                assert not any("pieces" in t.kwargs for t in kept)
+                assert sum(t.args[1][:1] == ("params",) for t in kept) == P
+                assert sum(isinstance(t, CatalogTask) and t.op.name == "program" for t in capped.values()) \
+                    == len(programs)
+        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
+    state = trainer.state_dict()
+    for k, v in ref.state_dict().items():
+        if v.dtype.is_floating_point:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+    assert trainer.history[-1]["verification"]["rejected"] == 0
 
 
 def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):

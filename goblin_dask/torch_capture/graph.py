@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import os
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -664,7 +664,8 @@ class Graph:
         return tuple(ga.concatenate(list(outs), axis=0) for outs in zip(*parts))
 
     def pipelined_sum(self, calls: Sequence[Sequence[Any]], weights: Sequence[float], summed: Sequence[int],
-                      packed: bool = False) -> tuple[list[tuple], list[Any]] | None:
+                      packed: bool = False, flat: tuple[Sequence[int], Callable] | None = None
+                      ) -> tuple[list[tuple], list[Any]] | None:
         """Several calls (a Trainer's consecutive micro-batches) as one pipeline of stage tasks, each task running
         its stage for every call in turn: the outputs at ``summed`` (a joint graph's gradients) come back once,
         ``sum_i weights[i] * output_i`` in the output's dtype in call order (as the lab's step sums them, and torch
@@ -676,7 +677,13 @@ class Graph:
         a lab task that cuts them itself rather than one task per cut.  None where the calls
         do not run as one multi-stage pipeline (one stage, op by op, a random operator, a summed output another
         stage reads).  A call input that is the same array in every call (a parameter) is read once per stage task;
-        the others (the batch) per call."""
+        the others (the batch) per call.
+
+        ``flat``: ``(positions, vector)``: the call inputs at ``positions`` (a Trainer's parameters: the same arrays
+        in every call, one dtype) that a stage task reads come as one vector, ``vector(their positions)``, a
+        one-block 1-d array of them raveled in that order (one lab task and one input per stage task instead of
+        one per parameter), cut into views by the program's first steps; ``vector`` returning None: that stage
+        reads them one by one."""
         import goblin_dask.array as ga
         from goblin_dask.array import program as prog
         from goblin_dask.ops.spec import Aval
@@ -698,17 +705,27 @@ class Graph:
         for env in envs:
             values.append({k: x.array() if isinstance(x, _LazyConstant) else x for k, x in env.items()})
         shared = {k: x for k, x in values[0].items() if all(v[k] is x for v in values)}
+        position = {i["name"]: j for j, i in enumerate(self.inputs)}
+        flat_positions = set(flat[0]) if flat is not None else set()
         total: dict[str, Any] = {}
         for stage in plan:
             common = [r for r in stage.inputs if r in shared or (r not in values[0] and r not in total)]
             own = [r for r in stage.inputs if r not in common]
-            xs = [shared[r] if r in shared else self._constant(r) for r in common]
+            grouped = sorted((r for r in common if r in shared and position.get(r) in flat_positions
+                              and isinstance(shared[r], ga.Array)), key=position.get)
+            vector = flat[1]([position[r] for r in grouped]) if grouped else None
+            if vector is None:
+                grouped = []
+            common = [r for r in common if r not in grouped]
+            xs = [vector] if grouped else []
+            xs += [shared[r] if r in shared else self._constant(r) for r in common]
             literals = []
             for v in values:
                 literals.append({r: v[r] for r in own if not isinstance(v[r], ga.Array)})
                 xs += [v[r] for r in own if isinstance(v[r], ga.Array)]
             program, static = self._group_stage_program(stage, common, own, [Aval.of(x) for x in xs], literals,
-                                                        [float(w) for w in weights], tuple(sorted(sums.values())))
+                                                        [float(w) for w in weights], tuple(sorted(sums.values())),
+                                                        tuple((r, tuple(shared[r].shape)) for r in grouped))
             if program is None:
                 return None
             whole, arrays = prog.call_packed(program, *xs)
@@ -732,17 +749,18 @@ class Graph:
 
     def _group_stage_program(self, stage: Stage, common: Sequence[str], own: Sequence[str], avals: Sequence[Any],
                              literals: Sequence[Mapping[str, Any]], weights: Sequence[float],
-                             sums: Sequence[str]) -> tuple[Any, list[dict]]:
+                             sums: Sequence[str], flat: Sequence[tuple[str, tuple]] = ()) -> tuple[Any, list[dict]]:
         """:meth:`pipelined_sum`'s program of one stage: it reads the ``common`` arrays once, then each call's
         ``own`` arrays (those not bound in its ``literals``), and returns each call's outputs but ``sums``, then
-        the weighted sums.  ``(program or None, per call {output: value} of its outputs that are no arrays)``,
-        cached per shapes, literals and weights."""
+        the weighted sums.  ``flat`` (``(name, shape)`` in order): before all that, one vector of those arrays
+        raveled, cut into views by the program's first steps.  ``(program or None, per call {output: value} of
+        its outputs that are no arrays)``, cached per shapes, literals and weights."""
         from goblin_dask.array import program as prog
 
         cache = self.__dict__.setdefault("_programs", {})
         key = ("group", stage.nodes, tuple((tuple(a.shape), str(a.dtype)) for a in avals),
                tuple(tuple(sorted((k, repr(v)) for k, v in lit.items())) for lit in literals), tuple(weights),
-               tuple(sums))
+               tuple(sums), tuple(flat))
         if key not in cache:
             members = set(stage.nodes)
             nodes = [n for n in self.nodes if n["name"] in members]
@@ -752,11 +770,17 @@ class Graph:
                 import goblin_dask.array as ga
                 from goblin_dask.array.linalg import one_reading_of_the_workers
                 from goblin_dask.torch_capture import aten
+                from goblin_dask.training.optim import unflatten
 
+                base = {}
+                if flat:  # the views are cut once, for every call
+                    base.update(zip((r for r, _ in flat), unflatten(arrays[0], [s for _, s in flat], ga.reshape)))
+                    arrays = arrays[1:]
+                base.update(zip(common, arrays))
                 at, outs, total = len(common), [], {}
                 for i, (lit, w) in enumerate(zip(literals, weights)):
                     mine = [r for r in own if r not in lit]
-                    env = {**lit, **dict(zip(common, arrays)), **dict(zip(mine, arrays[at:at + len(mine)]))}
+                    env = {**lit, **base, **dict(zip(mine, arrays[at:at + len(mine)]))}
                     at += len(mine)
                     with one_reading_of_the_workers():
                         for n in nodes:

@@ -125,15 +125,16 @@ def _apply(hyper: Sequence[dict], params: Sequence[np.ndarray], state: Sequence[
 
 def lab_round(hyper: Sequence[dict], params: Sequence[Any], state: Sequence[dict], weights: Sequence[float],
               losses: Sequence[Any], grads: Sequence[Sequence[Any]], buffers: Sequence[Any],
-              loss_weights: Sequence[float] | None = None) -> dict:
+              loss_weights: Sequence[float] | None = None, param_shapes: Sequence[tuple] | None = None) -> dict:
     """One optimizer step from the micro-batches' results (the task at the end of a round's graph).
 
     ``grads[i][j]``: micro-batch i's gradient of parameter j (blocks as the graph's keys nest them);
     the gradient is ``sum_i weights[i] * grads[i][j]`` in the parameter's dtype, in micro-batch order.
     ``loss_weights``: the losses' own weights where ``grads`` come summed per group of micro-batches (then
-    ``weights`` are the groups', 1 each); None: ``weights``.
+    ``weights`` are the groups', 1 each); None: ``weights``.  ``param_shapes`` given: ``params`` is one
+    :func:`flatten` vector (a round of pipelines of stage tasks, each reading its stage's piece of it).
     """
-    new_params, new_state = _apply(hyper, [_assemble(p) for p in params], state, weights, grads)
+    new_params, new_state = _apply(hyper, _parameters_in(params, param_shapes)[0], state, weights, grads)
     loss_weights = weights if loss_weights is None else loss_weights
     loss = float(sum(w * float(_assemble(l)) for w, l in zip(loss_weights, losses)))
     flat, new_params = flatten(new_params)

@@ -15,8 +15,9 @@ checked gradients and steps the optimizer with torch's mathematics (:mod:`goblin
   stage tasks whose parameters each fit: the forward's, then one backward stage per forward stage that
   recomputes that forward (only the residual stream and its gradient cross a cut), each verified before
   the next reads it; consecutive micro-batches share a pipeline, each stage task running them in turn and
-  returning one gradient (:meth:`Graph.pipelined_sum <goblin_dask.torch_capture.graph.Graph.pipelined_sum>`);
-  the optimizer step is :func:`optim.lab_round` on the lab worker.
+  returning one gradient (:meth:`Graph.pipelined_sum <goblin_dask.torch_capture.graph.Graph.pipelined_sum>`),
+  reading its stage's parameters as one vector cut from the flat vector the lab worker kept
+  (:meth:`Trainer._stage_vectors`); the optimizer step is :func:`optim.lab_round` on the lab worker.
 * **Op by op** otherwise (no volunteers, an operator whose parameters alone exceed a stage, random
   operators): the joint graph built with ``ga`` calls, its products on volunteers (Freivalds-checked) and
   the rest placed and checked like any ga computation (:func:`optim.lab_round`).
@@ -363,9 +364,12 @@ class Trainer:
             bufs = [_cut(stage, w) if w[0] == "packed" else
                     (params + bufs)[w[1]] if w[0] == "input" else ga.from_array(np.asarray(w[1]))
                     for w in where[len(group) + P:]]
-        pipelined = None if staged else self._pipelined_groups(x, y, parts, weights, params, bufs)
+        pipelined = None if staged else self._pipelined_groups(x, y, parts, weights, params, bufs, tok)
+        step_shapes = None  # the step's parameters as one flat vector (their shapes), or None: one array each
         if pipelined is not None:
-            losses, grads, loss_weights = pipelined
+            losses, grads, loss_weights, flat_params = pipelined
+            if flat_params is not None:  # (the stage tasks read theirs cut from it: no array per parameter)
+                params, step_shapes = [flat_params], self._flat_shapes()
         for i, idx in enumerate(parts if staged != "packed" and pipelined is None else ()):
             lo, hi = idx[0], idx[-1] + 1
             xi, yi = x[lo:hi], y[lo:hi]
@@ -410,20 +414,27 @@ class Trainer:
             dsk[step_key] = Task(step_key, optim.lab_round, TaskRef(hyper_key), List(*(refs(p) for p in params)),
                                  TaskRef(state_key), grad_weights, List(*(refs(l) for l in losses)),
                                  List(*(List(*(refs(g) for g in gs)) for gs in grads)), List(*(refs(b) for b in bufs)),
-                                 list(weights) if pipelined is not None else None)
+                                 list(weights) if pipelined is not None else None, step_shapes)
         return dsk, step_key
 
     def _pipelined_groups(self, x: np.ndarray, y: np.ndarray, parts: list, weights: list, params: list,
-                          bufs: list) -> tuple[list, list, list] | None:
+                          bufs: list, tok: str = "") -> tuple[list, list, list, Any] | None:
         """A round of a model larger than one stage: the micro-batches in groups (:meth:`_stage_groups`), each group
         one pipeline of stage tasks that run the group's micro-batches in turn and return one gradient, their
         weighted sum (:meth:`Graph.pipelined_sum`).  ``(losses per micro-batch, [gradients] per group, the
-        losses' weights)``, or None: a pipeline per micro-batch (a pass that writes its buffers, as BatchNorm's
-        running statistics, each micro-batch reading the last one's; micro-batches of different shapes in a
-        group; a pass that is no multi-stage pipeline)."""
+        losses' weights, the flat vector of the parameters, or None where no stage task reads it)``, or None: a
+        pipeline per micro-batch (a pass that writes its buffers, as BatchNorm's running statistics, each
+        micro-batch reading the last one's; micro-batches of different shapes in a group; a pass that is no
+        multi-stage pipeline).
+
+        Where the parameters flatten (:meth:`_flat_shapes`), each stage task reads its own parameters as one
+        vector cut from their flat vector on the lab worker (:meth:`_stage_vectors`): one lab task per stage (and
+        one for the flat vector, which the step reads then), not one per parameter."""
         import goblin_dask.array as ga
 
         P = len(params)
+        vectors = self._stage_vectors(tok)
+        flat = (range(P), vectors) if vectors is not None else None
         losses, grads, checked = [], [], False
         for group in self._stage_groups(x, y, parts, chained=False):
             rows = [parts[i] for i in group]
@@ -437,13 +448,58 @@ class Trainer:
                     return None
                 checked = True
             calls = [(*params, *bufs, x[idx[0]:idx[-1] + 1], y[idx[0]:idx[-1] + 1]) for idx in rows]
-            out = graph.pipelined_sum(calls, [weights[i] for i in group], range(1, 1 + P), packed=True)
+            out = graph.pipelined_sum(calls, [weights[i] for i in group], range(1, 1 + P), packed=True, flat=flat)
             if out is None:
                 return None
             per_call, summed = out
             losses += [o[0] if isinstance(o[0], ga.Array) else ga.from_array(np.asarray(o[0])) for o in per_call]
             grads.append(summed)
-        return losses, grads, list(weights)
+        used = vectors is not None and any(v is not None for v in vectors.made.values())
+        return losses, grads, list(weights), vectors.flat if used else None
+
+    def _stage_vectors(self, tok: str) -> Any:
+        """For :meth:`Graph.pipelined_sum`'s ``flat``: ``vector(positions)``, the parameters at ``positions`` (in
+        ``param_names``) as one lab array, cut from the flat vector of all of them (:func:`optim.flatten`) by one
+        lab task (:func:`goblin_dask.array.sources.pieces_array`; a run of consecutive parameters is a view of
+        it), made once per set of positions in a round (a forward stage and its backward read the same).  The
+        flat vector is the lab worker's, kept from the last round (``vector.flat``; the step reads it too).
+
+        None (each parameter one lab array, as the step reads them) where the parameters do not flatten (dtypes
+        differ) or the round reads this process's copies (the first round, one after :meth:`_sync_host`): the
+        round's graph has made those arrays, one upload each, before it knows whether the pass runs as a
+        pipeline, and a flat vector sent as well would be the parameters' bytes twice.  ``vector`` returns None
+        (that stage reads its parameters one by one) where ``goblin.minimization.parameters-max-share`` would
+        cap the vector: a stage task holds a whole vector, and a cap applies to a whole lab array."""
+        from goblin_dask.array.sources import pieces_array, share_cap
+
+        shapes = self._flat_shapes()
+        if shapes is None or self._on_host():
+            return None
+        flat = self._flat_parameters(tok)
+        starts = np.cumsum([0] + [math.prod(s) for s in shapes]).tolist()
+        made: dict[tuple, Any] = {}
+
+        def vector(positions: Any) -> Any:
+            positions = tuple(int(j) for j in positions)
+            if positions not in made:
+                pieces: list[list[int]] = []
+                for j in positions:
+                    a, b = starts[j], starts[j + 1]
+                    if a == b:
+                        continue
+                    if pieces and pieces[-1][1] == a:
+                        pieces[-1][1] = b
+                    else:
+                        pieces.append([a, b])
+                size = sum(b - a for a, b in pieces)
+                if not pieces or share_cap(size, "parameters") is not None:
+                    made[positions] = None
+                else:
+                    made[positions] = pieces_array(flat, pieces, kind="parameters")
+            return made[positions]
+
+        vector.flat, vector.made = flat, made
+        return vector
 
     def _stage_groups(self, x: np.ndarray, y: np.ndarray, parts: list, chained: bool | None = None) -> list[list[int]]:
         """The micro-batches each stage task runs, consecutive ones together: as few tasks as keep every
@@ -590,10 +646,9 @@ class Trainer:
         """The parameters and buffers for a round's graph: the lab worker's, kept there from the last round
         (no upload), or this process's copies as lab arrays.  ``flat``: the parameters as one vector, a list of
         one array (:meth:`_flat_shapes`)."""
-        host = [self._params[k] for k in self.param_names]
-        if self._resident is None or self._host_round == self.rounds:
-            params = ([_parameters(optim.flatten(host)[0], -1)] if flat
-                      else [_parameters(p) for p in host])
+        if self._on_host():
+            params = ([self._flat_parameters(tok)] if flat
+                      else [_parameters(self._params[k]) for k in self.param_names])
             return params, [_parameters(self._buffers[k]) for k in self.buffer_names]
         from goblin_dask.array.sources import resident_array
 
@@ -601,10 +656,24 @@ class Trainer:
             return [resident_array(self._resident, (what, j), host[k].shape, host[k].dtype, (tok, what, j),
                                    kind="parameters") for j, k in enumerate(names)]
 
-        params = ([resident_array(self._resident, ("flat",), (sum(p.size for p in host),), host[0].dtype,
-                                  (tok, "flat"), kind="parameters")] if flat
-                  else kept("params", self._params, self.param_names))
+        params = [self._flat_parameters(tok)] if flat else kept("params", self._params, self.param_names)
         return params, kept("buffers", self._buffers, self.buffer_names)
+
+    def _on_host(self) -> bool:
+        """Does the round read this process's copies of the parameters and buffers (the first round, one after
+        :meth:`load` or :meth:`_sync_host`), rather than the lab worker's, kept from the last round?"""
+        return self._resident is None or self._host_round == self.rounds
+
+    def _flat_parameters(self, tok: str) -> Any:
+        """The parameters as one flat vector (:func:`optim.flatten`; they must flatten, :meth:`_flat_shapes`), a
+        one-block lab array: the lab worker's, kept from the last round (its ``"flat"``), or this process's copy."""
+        host = [self._params[k] for k in self.param_names]
+        if self._on_host():
+            return _parameters(optim.flatten(host)[0], -1)
+        from goblin_dask.array.sources import resident_array
+
+        return resident_array(self._resident, ("flat",), (sum(p.size for p in host),), host[0].dtype,
+                              (tok, "flat"), kind="parameters")
 
     def _sync_host(self) -> None:
         """Bring the parameters, buffers and optimizer state the lab worker kept from the last round into this
