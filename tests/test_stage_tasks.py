@@ -689,8 +689,10 @@ def test_a_round_in_stages_reads_each_stages_parameters_as_one_lab_array(stage_g
             assert not per_parameter and len(flat) == 1, (per_parameter, flat)
             programs = {k: t for k, t in dsk.items() if isinstance(t, CatalogTask) and t.op.name == "program"}
             depth = _program_depth(dsk)  # the stage tasks one after another: the plan's stages
-            assert 3 <= depth and 2 <= len(stages) <= depth
-            assert len(stages) + len(flat) < P // 4
+            # at most one vector per stage, a forward stage and its backward sharing one: here 14 for 27 stage
+            # tasks a pipeline (the graph's stage budget is a fraction of stage_memory), 53 parameters
+            assert 3 <= depth and 2 <= len(stages) < depth
+            assert len(stages) + len(flat) < P // 2
             for k, t in stages.items():  # each a vector of its stage's parameters, cut from the flat one
                 assert set(t.dependencies) == set(flat)
                 n = sum(b - a for a, b in t.kwargs["pieces"])
@@ -698,14 +700,14 @@ def test_a_round_in_stages_reads_each_stages_parameters_as_one_lab_array(stage_g
             read = [[d for d in t.dependencies if d in stages] for t in programs.values()]
             assert all(len(d) == 1 for d in read), read  # one parameter input per stage task, never the flat one
             assert not any(set(t.dependencies) & set(flat) for t in programs.values())
-            if r == 1:  # a per-task cap that each parameter is under (goblin.minimization.small-array) and a
-                # stage's vector of several is not: those stage tasks read their parameters one by one, as before
+            if r == 1:  # a per-task cap that each parameter is under (goblin.minimization.small-array) and most
+                # stages' vectors of several are not: those stage tasks read their parameters one by one, as before
                 caps = {"goblin.minimization.parameters-max-share": 0.5, "goblin.minimization.small-array": max(sizes)}
                 with dask.config.set(caps):
                     capped, _ = trainer.round_graph(x, y)
                 kept = [t for t in capped.values() if getattr(t, "func", None) is lab_value]
-                assert not any("pieces" in t.kwargs for t in kept)
-                assert sum(t.args[1][:1] == ("params",) for t in kept) == P
+                assert all(sum(b - a for a, b in t.kwargs["pieces"]) <= max(sizes) for t in kept if "pieces" in t.kwargs)
+                assert P // 2 < sum(t.args[1][:1] == ("params",) for t in kept) < P
                 assert sum(isinstance(t, CatalogTask) and t.op.name == "program" for t in capped.values()) \
                     == len(programs)
         assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
