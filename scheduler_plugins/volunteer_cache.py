@@ -17,12 +17,20 @@ every task reading them, then sit on those tasks until their deadlines (issue 29
 what it was sent and stalls is the per-task deadline's (:mod:`scheduler_plugins.verification`); one that
 computes wrong is rejected (every result is checked against the lab's own copy).  Cost per placement
 decision: a set lookup per input of the task, per candidate; per task sent to a volunteer, one per input.
+
+The volunteer also keeps the other inputs the lab sent it (results the lab accepted: a stage's input, which its
+backward stage reads again after the later stages ran) while the lab holds them.  Those need no hint: this plugin
+believes what it sent, for as long as the key stays in memory, and when the key leaves memory it tells each
+volunteer it sent the key to (``free-keys``, on the worker stream, ahead of any later task that could read a
+new value of the key): a kept copy of an earlier value would differ from the lab's by rounding.  So a stage's
+backward goes to a volunteer that ran its forward, and the stage's input crosses to it once.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -49,6 +57,10 @@ class VolunteerCachePlugin(SchedulerPlugin):
         #: volunteer name -> keys its hints named that the lab never sent it (ignored)
         self.unsent: dict[str, int] = {}
         self.hints = 0
+        #: key in memory -> volunteer addresses it was sent to (as a task's input; lab data blocks aside)
+        self.lent: dict[Any, set] = {}
+        #: volunteer address -> the keys of ``lent`` sent to it
+        self.lent_to: dict[str, set] = {}
         scheduler.stream_handlers[HINT_OP] = self.cached
         self._get_comm_cost = scheduler.get_comm_cost
         scheduler.get_comm_cost = self.get_comm_cost
@@ -70,7 +82,10 @@ class VolunteerCachePlugin(SchedulerPlugin):
                 held.add(key)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
-        """A task going to a volunteer: the lab data blocks among its inputs are sent to it."""
+        """A task going to a volunteer: its inputs are sent to it.  A key leaving memory: the volunteers it was
+        sent to let their copies go."""
+        if start == "memory" and key in self.lent:
+            self._let_go(key)
         if finish != "processing":
             return
         ts = self.scheduler.tasks.get(key)
@@ -87,6 +102,9 @@ class VolunteerCachePlugin(SchedulerPlugin):
                 sent.move_to_end(dts.key)
                 if len(sent) > SENT_KEPT:
                     sent.popitem(last=False)
+            elif dts.state == "memory":
+                self.lent.setdefault(dts.key, set()).add(ws.address)
+                self.lent_to.setdefault(ws.address, set()).add(dts.key)
 
     def report(self) -> dict[str, dict[str, int]]:
         """``{volunteer: {"believed": keys counted as held now, "unsent": keys named that it was never sent}}``."""
@@ -97,15 +115,31 @@ class VolunteerCachePlugin(SchedulerPlugin):
             believed[name] = believed.get(name, 0) + len(held)
         return {n: {"believed": believed.get(n, 0), "unsent": self.unsent.get(n, 0)} for n in sorted(names)}
 
+    def _let_go(self, key) -> None:
+        stimulus = f"goblin-lab-released-{time.time()}"
+        for address in self.lent.pop(key):
+            self.lent_to.get(address, set()).discard(key)
+            comm = self.scheduler.stream_comms.get(address)
+            if comm is not None:
+                comm.send({"op": "free-keys", "keys": [key], "stimulus_id": stimulus})
+
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.held.pop(worker, None)
+        for key in self.lent_to.pop(worker, ()):
+            holders = self.lent.get(key)
+            if holders is not None:
+                holders.discard(worker)
+                if not holders:
+                    del self.lent[key]
 
     def get_comm_cost(self, ts, ws) -> float:
         cost = self._get_comm_cost(ts, ws)
         held = self.held.get(ws.address)
-        if held and cost > 0:
+        lent = self.lent_to.get(ws.address)
+        if (held or lent) and cost > 0:
+            held, lent = held or (), lent or ()
             saved = sum(dts.get_nbytes() for dts in ts.dependencies
-                        if dts.key in held and ws not in (dts.who_has or ()))
+                        if (dts.key in held or dts.key in lent) and ws not in (dts.who_has or ()))
             if saved:
                 cost = max(0.0, cost - saved / self.scheduler.bandwidth)
         return cost

@@ -39,6 +39,21 @@ def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.05
         time.sleep(interval)
 
 
+def volunteer_cache_stats(node, name: str) -> dict:
+    """What volunteer ``name``'s cache did, from its own status page (``/api/status``), as the volunteer sees it."""
+    import json
+    import urllib.request
+
+    from goblin_dask.volunteer import CONTROL_FILE, TOKEN_FILE
+
+    vdir = node.state_dir / "volunteers" / name
+    url = json.loads((vdir / CONTROL_FILE).read_text())["url"]
+    token = (vdir / TOKEN_FILE).read_text().strip()
+    req = urllib.request.Request(url + "/api/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["cache"]
+
+
 def blocked_product_graph(a: np.ndarray, b: np.ndarray, block: int):
     """Graph of C = A @ B by blocks: one matmul task per (i, j, k), opaque keys like the array layer's.
 

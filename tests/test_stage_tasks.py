@@ -718,6 +718,48 @@ def test_a_round_in_stages_reads_each_stages_parameters_as_one_lab_array(stage_g
     assert trainer.history[-1]["verification"]["rejected"] == 0
 
 
+def test_a_stages_backward_reads_its_input_on_the_volunteer_that_ran_its_forward(stage_grid):
+    """Issue 28: a backward stage task recomputes its stage's forward from the stage's input, the accepted output of
+    the stage before it.  The volunteers that ran the forward (the task and its replica) still hold that input,
+    and the backward and its replica go to them and read it there: it crosses from the lab once, not twice.
+    When the round is done the lab lets the inputs go and so do the volunteers (a later result under the same
+    key may differ in rounding).  Torch's numbers, nothing rejected."""
+    from collections import Counter
+
+    from goblin_dask.training import Trainer
+    from goblin_dask.volunteer.panel_cache import cacheable_key
+    from tests.conftest import volunteer_cache_stats, wait_for
+
+    torch.manual_seed(5)
+    model = gpt(64, 32, 4, 16, 2).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
+                      client=stage_grid.client, stage_memory=80_000)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    names = stage_grid.volunteer_names()
+    before = {n: volunteer_cache_stats(stage_grid, n) for n in names}
+    for r in range(2):
+        x, y = _batch(rows=8, seed=80 + r)
+        assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
+    dsk, _ = trainer.round_graph(x, y)
+    programs = [v for v in dsk.values() if isinstance(v, CatalogTask) and v.op.name == "program"]
+    readers = Counter(d for t in programs for d in t.dependencies if not cacheable_key(d))
+    again = sum(n - 1 for n in readers.values())  # inputs a later stage task reads again, a round
+
+    def settled():
+        return all(volunteer_cache_stats(stage_grid, n)["held"] == 0 for n in names)
+
+    wait_for(settled, "the volunteers to let go of the round's inputs")
+    after = {n: volunteer_cache_stats(stage_grid, n) for n in names}
+    read_again = sum(after[n]["held_hits"] - before[n]["held_hits"] for n in names)
+    released = sum(after[n]["released"] - before[n]["released"] for n in names)
+    # read where the forward ran: by the task and its replica, in 2 rounds, 4 x again at most (one still in the
+    # worker's memory when its backward arrives is read there, no hit); none without the volunteers' copies
+    assert again > 0 and read_again >= 3 * again, (read_again, again, after)
+    assert released >= read_again
+    assert trainer.history[-1]["verification"]["rejected"] == 0
+
+
 def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):
     """After a staged round the next round's graph carries no parameter or optimizer-state numbers (they are
     the lab worker's, read there by reference, the parameters as one flat vector: one task, not one per

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import urllib.request
 import uuid
 
 import dask
@@ -21,23 +20,14 @@ import pytest
 import goblin_dask.array as ga
 from goblin_dask.node.local import LabNode
 from goblin_dask.volunteer.panel_cache import HINT_OP, PanelCache, cacheable_key
-from goblin_dask.volunteer import CONTROL_FILE, TOKEN_FILE
 from goblin_dask.validation.checks import unverified_key
 from scheduler_plugins.volunteer_cache import VolunteerCachePlugin
+from tests.conftest import volunteer_cache_stats as _cache
 from tests.conftest import wait_for
 from tests.inprocess import assemble, matrices, product_graph, run_lab
 
 RNG = np.random.default_rng(1919)
 N, CHUNK = 768, 256  # the product is cut in steps of 768 x 192 panels (1.2 MB), each on a volunteer
-
-
-def _cache(node, name: str) -> dict:
-    vdir = node.state_dir / "volunteers" / name
-    url = json.loads((vdir / CONTROL_FILE).read_text())["url"]
-    token = (vdir / TOKEN_FILE).read_text().strip()
-    req = urllib.request.Request(url + "/api/status", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())["cache"]
 
 
 def _inputs():
@@ -122,6 +112,74 @@ def test_placement_prefers_the_volunteer_holding_the_inputs(tmp_path):
     run_lab(tmp_path, body, volunteers=("alice",))
 
 
+def test_a_result_the_lab_holds_is_read_again_where_it_was_sent_and_let_go_with_the_labs(tmp_path):
+    """Issue 28, in-process node with three volunteers: a task reading ``k`` (a checked product the lab holds,
+    no lab data) goes to a volunteer, which keeps ``k`` while the lab does.  The next task reading ``k`` costs
+    that volunteer only what it lacks, so distributed's choice is it (not the two others), and it reads ``k``
+    from its memory.  When the lab lets ``k`` go, the lab node tells it to (``free-keys``): a value of ``k``
+    computed again may differ in rounding, so an earlier one is never read."""
+    from dask._task_spec import DataNode, TaskRef
+    from distributed.scheduler import decide_worker
+
+    from goblin_dask.ops import CatalogTask, get
+    from goblin_dask.validation.checks import insert_checks
+
+    async def body(lab):
+        s = lab.scheduler
+        plugin = s.plugins[VolunteerCachePlugin.name]
+        a, b = matrices(28, n=96)
+        c, d = matrices(29, n=96)
+        first, keys, _ = product_graph(a, b, 96)  # one block: k = a @ b, checked by the lab
+        k = keys[0]
+        names = ("alice", "bob", "carol")
+
+        def reading_k(other: np.ndarray):
+            key = (f"matmul-{uuid.uuid4().hex}", 0)
+            return key, insert_checks({key: CatalogTask(key, get("matmul"), TaskRef(k), DataNode(None, other))})
+
+        async with lab.client() as client:
+            (held,) = client.get(first, [k], sync=False)
+            await held
+            t1, graph = reading_k(c)
+            (f1,) = client.get(graph, [t1], sync=False)
+            one = await f1
+            (holder,) = [n for n in names if k in plugin.lent_to.get(lab.address_of(n), ())]
+            caches = {n: lab.workers[n].goblin_cache for n in names}
+            before = {n: (caches[n].held_hits, caches[n].fetched_bytes) for n in names}
+            for name in names:  # no task starts: its placement can be looked at
+                lab.workers[name].goblin_pause()
+            addresses = [lab.address_of(n) for n in names]
+            await lab.wait_for(lambda: all(s.workers[w].status.name == "paused" for w in addresses))
+            t2, graph = reading_k(d)
+            (f2,) = client.get(graph, [t2], sync=False)
+            step = unverified_key(t2)
+            await lab.wait_for(lambda: step in s.tasks and s.tasks[step].state == "no-worker")
+            ts, here = s.tasks[step], s.workers[lab.address_of(holder)]
+            saved = s.tasks[k].get_nbytes() / s.bandwidth
+            for other in (s.workers[w] for w in addresses if w != here.address):
+                assert s.get_comm_cost(ts, here) == pytest.approx(s.get_comm_cost(ts, other) - saved)
+            everyone = {s.workers[w] for w in addresses}
+            assert decide_worker(ts, everyone, everyone, functools.partial(s.worker_objective, ts)) is here
+            # (the first to resume takes it, as the only running volunteer: the holder, as decided above)
+            for name in sorted(names, key=lambda n: n != holder):
+                lab.workers[name].goblin_resume()
+            two = await f2
+            # the holder ran it from its copy; the others received nothing
+            assert caches[holder].held_hits == before[holder][0] + 1
+            assert all(caches[n].fetched_bytes == before[n][1] for n in names)
+            assert k in caches[holder]
+            del held, f1, f2
+            await lab.wait_for(lambda: k not in s.tasks)
+            await lab.wait_for(lambda: k not in caches[holder])  # the lab node said so
+            assert k not in plugin.lent and not any(k in kept for kept in plugin.lent_to.values())
+            assert caches[holder].stats()["released"] == 1
+        np.testing.assert_allclose(one, (a @ b) @ c, rtol=1e-10)
+        np.testing.assert_allclose(two, (a @ b) @ d, rtol=1e-10)
+        assert lab.ledger.report()["rejected"] == 0
+
+    run_lab(tmp_path, body, volunteers=("alice", "bob", "carol"))
+
+
 def test_the_cache_stays_under_its_limit_and_evicts_the_oldest(tmp_path, monkeypatch):
     limit = 2_500_000  # two panels fit, a third evicts the oldest
     monkeypatch.setenv("DASK_GOBLIN__VOLUNTEER__CACHE_LIMIT", str(limit))
@@ -165,6 +223,29 @@ def test_the_cache_is_least_recently_used_and_bounded_in_bytes():
     assert cache.put(keys[1], view, panel.nbytes)
     kept = cache.entries[keys[1]][0]
     assert kept.base is None and not np.shares_memory(kept, view) and cache.bytes <= cache.limit
+
+
+def test_a_result_the_lab_holds_is_kept_until_the_lab_lets_it_go_and_named_in_no_hint():
+    """The cache itself: an input that is no lab data block (a result the lab accepted) is kept only when the
+    volunteer is told it is held, is never named in a hint (the lab node knows what it sent), and goes at the
+    lab's release, which leaves the lab's data blocks (their name is their content)."""
+    block, result = ("source-" + "0" * 32, 0, 0), ("program-" + "1" * 32, 0)
+    panel = np.ones((32, 32))
+    cache = PanelCache(int(2.5 * panel.nbytes))
+    assert not cache.put(result, panel, panel.nbytes)
+    assert cache.put(result, panel, panel.nbytes, held=True) and cache.put(block, panel + 1, panel.nbytes)
+    assert cache.take_hint() == {"op": HINT_OP, "add": [block], "remove": []}
+    np.testing.assert_array_equal(cache.get(result, panel.nbytes), panel)
+    assert cache.stats()["held"] == 1 and cache.held_hits == 1
+    assert cache.release([result, block, ("program-" + "2" * 32, 0)]) == 1
+    assert result not in cache and block in cache and cache.bytes == panel.nbytes
+    assert cache.get(result, panel.nbytes) is None and cache.stats()["released"] == 1
+    cache.put(result, panel, panel.nbytes, held=True)
+    cache.put(("source-" + "2" * 32, 0, 0), panel, panel.nbytes)  # evicts the block, then the held result
+    cache.put(("source-" + "3" * 32, 0, 0), panel, panel.nbytes)
+    assert result not in cache and all(k[0].startswith("source-") for k in cache.entries)
+    hint = cache.take_hint()
+    assert hint["remove"] == [block] and result not in hint["add"]  # a held result's eviction is no news
 
 
 def test_a_tampered_cached_panel_is_a_rejected_result(tmp_path):

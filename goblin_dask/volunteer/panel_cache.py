@@ -14,6 +14,13 @@ same key differ in rounding from one computation to the next), so a copy from an
 computation could make an honest volunteer's product disagree with the lab's copy by rounding.
 The scheduler's byte size of the key must match too (a cheap guard against a reused name).
 
+Within a computation, the inputs it fetched that are no lab data (a stage's input, the accepted result of the
+stage before it, which its backward stage reads again) are kept the same way while the lab keeps them
+(:meth:`PanelCache.put` with ``held``): their value cannot change while the lab holds the key, and the lab
+node says when it lets one go (``free-keys`` on the worker stream, :meth:`PanelCache.release`), before it
+could compute the key again.  They are named in no hint: the lab node knows what it sent
+(:mod:`scheduler_plugins.volunteer_cache`).
+
 The cache needs no trust: the lab checks every volunteer result against its own copy of the
 inputs, so a volunteer serving itself a tampered panel returns a result that is rejected.
 
@@ -102,6 +109,8 @@ class PanelCache:
         self.misses = 0
         self.evicted = 0
         self.fetched_bytes = 0  # bytes received from other workers (transfers), cached or not
+        self.held_hits = 0  # of the hits, held results (a stage's input read again by its backward)
+        self.released = 0  # held results dropped because the lab let them go
         #: hint deltas not yet told to the lab node
         self.added: set = set()
         self.removed: set = set()
@@ -112,21 +121,23 @@ class PanelCache:
     def __contains__(self, key: Any) -> bool:
         return key in self.entries
 
-    def put(self, key: Any, value: Any, lab_nbytes: int | None) -> bool:
+    def put(self, key: Any, value: Any, lab_nbytes: int | None, held: bool = False) -> bool:
         """Keep ``value`` under ``key`` (most recent); evicts the oldest past the limit.  False: not kept.
 
+        ``held``: ``key`` is no lab data block but a result the lab holds now (kept until :meth:`release`).
         A value that is a view into a larger buffer (a received message holding other keys too) is
         kept as a copy, so that the cache holds exactly the bytes it counts.
         """
         nbytes = int(getattr(value, "nbytes", 0))
-        if self.limit <= 0 or nbytes > self.limit or not cacheable_key(key):
+        source = cacheable_key(key)
+        if self.limit <= 0 or nbytes > self.limit or not (source or held):
             return False
         if _buffer_nbytes(value) > nbytes:
             value = value.copy()
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old[1]
-        else:
+        elif source:
             self.added.add(key)
             self.removed.discard(key)
         self.entries[key] = (value, nbytes, lab_nbytes)
@@ -137,10 +148,21 @@ class PanelCache:
             self.evicted += 1
             if k in self.added:
                 self.added.discard(k)
-            else:
+            elif cacheable_key(k):
                 self.removed.add(k)
         self.peak = max(self.peak, self.bytes)
         return key in self.entries
+
+    def release(self, keys) -> int:
+        """Drop the held results among ``keys`` (the lab let them go: the next value of such a key may differ
+        in rounding); lab data blocks stay (their name is their content).  Returns how many were dropped."""
+        dropped = 0
+        for key in keys:
+            if not cacheable_key(key) and key in self.entries:
+                self.bytes -= self.entries.pop(key)[1]
+                dropped += 1
+        self.released += dropped
+        return dropped
 
     def get(self, key: Any, lab_nbytes: int | None) -> Any | None:
         """The kept value of ``key`` (now the most recent), or None; the scheduler's ``lab_nbytes`` must match."""
@@ -151,6 +173,8 @@ class PanelCache:
         self.entries.move_to_end(key)
         self.hits += 1
         self.hit_bytes += entry[1]
+        if not cacheable_key(key):
+            self.held_hits += 1
         return entry[0]
 
     def take_hint(self) -> dict | None:
@@ -172,4 +196,5 @@ class PanelCache:
     def stats(self) -> dict:
         return {"keys": len(self.entries), "bytes": self.bytes, "peak_bytes": self.peak, "limit": self.limit,
                 "hits": self.hits, "hit_bytes": self.hit_bytes, "misses": self.misses, "evicted": self.evicted,
-                "fetched_bytes": self.fetched_bytes}
+                "fetched_bytes": self.fetched_bytes, "held": sum(not cacheable_key(k) for k in self.entries),
+                "held_hits": self.held_hits, "released": self.released}

@@ -37,6 +37,9 @@ BLOCKED_HANDLERS = {
     "benchmark_network": "burns the volunteer's network",
 }
 
+#: Stimulus of the volunteer's own release of the inputs it used (unlike the lab's ``free-keys``, it keeps the cache).
+USED_INPUTS = "goblin-used-inputs-"
+
 #: Worker plugins every lab node's scheduler sends at registration (distributed installs them by default);
 #: a volunteer skips them like any plugin, but says so without a warning.
 EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
@@ -83,7 +86,8 @@ def volunteer_worker_class():
     import numpy as np
     from distributed import Worker
     from distributed.core import Status
-    from distributed.worker_state_machine import ComputeTaskEvent, ExecuteFailureEvent, GatherDepSuccessEvent
+    from distributed.worker_state_machine import ComputeTaskEvent, ExecuteFailureEvent, FreeKeysEvent
+    from distributed.worker_state_machine import GatherDepSuccessEvent
     from distributed.worker_state_machine import UpdateDataEvent, WorkerState
 
     from goblin_dask import link
@@ -111,7 +115,8 @@ def volunteer_worker_class():
 
         Input blocks of the lab's data it received stay in a bounded cache in its memory
         (:mod:`goblin_dask.volunteer.panel_cache`): a later task that reads one is served from there, not
-        fetched again, and the lab node is told which keys it holds (placement prefers it).
+        fetched again, and the lab node is told which keys it holds (placement prefers it).  Its other
+        inputs (results the lab accepted) stay there too until the lab node lets them go (``free-keys``).
         """
 
         #: its state machine: it fetches the inputs of the task nearest to runnable first
@@ -206,6 +211,9 @@ def volunteer_worker_class():
                 self.loop.add_callback(self.free_used_inputs)
 
         def handle_stimulus(self, *stims):
+            for ev in stims:  # the lab let these keys go: a held copy is stale from now on
+                if isinstance(ev, FreeKeysEvent) and not ev.stimulus_id.startswith(USED_INPUTS):
+                    self.goblin_cache.release(ev.keys)
             arrived = any(isinstance(ev, ComputeTaskEvent) for ev in stims)
             if arrived and self.goblin_cache.limit > 0:
                 stims = self._goblin_from_cache(stims)
@@ -224,7 +232,8 @@ def volunteer_worker_class():
                     data = {}
                     for dep, nbytes in ev.nbytes.items():
                         ts = self.state.tasks.get(dep)
-                        if (ts is None or ts.state == "released") and cacheable_key(dep):
+                        kept = cacheable_key(dep) or dep in self.goblin_cache  # (a miss counts once, for a block)
+                        if (ts is None or ts.state == "released") and kept:
                             value = self.goblin_cache.get(dep, nbytes)
                             if value is not None:
                                 data[dep] = value
@@ -241,9 +250,9 @@ def volunteer_worker_class():
                 cache = self.goblin_cache
                 for key, value in ev.data.items():
                     cache.fetched_bytes += int(getattr(value, "nbytes", 0) or 0)
-                    if type(value) is np.ndarray and cacheable_key(key):
+                    if type(value) is np.ndarray:  # a result the lab holds: until it lets it go (free-keys)
                         ts = self.state.tasks.get(key)
-                        cache.put(key, value, ts.nbytes if ts is not None else None)
+                        cache.put(key, value, ts.nbytes if ts is not None else None, held=not cacheable_key(key))
                 self._goblin_hint()
             return ev
 
@@ -263,9 +272,7 @@ def volunteer_worker_class():
             return await super().close(*args, **kwargs)
 
         def free_used_inputs(self):
-            """Free fetched inputs that no task of this volunteer still needs."""
-            from distributed.worker_state_machine import FreeKeysEvent
-
+            """Free fetched inputs that no task of this volunteer still needs (the cache keeps its copies)."""
             busy = ("waiting", "ready", "constrained", "executing", "long-running", "resumed", "cancelled")
             done = []
             for key in list(self.goblin_fetched):
@@ -275,7 +282,7 @@ def volunteer_worker_class():
                 elif ts.state == "memory" and not any(d.state in busy for d in ts.dependents):
                     done.append(key)
             if done:  # their release-worker-data messages are dropped above
-                self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
+                self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"{USED_INPUTS}{time.time()}"))
 
         async def plugin_add(self, plugin=None, name=None, catch_errors=True):
             if name in EXPECTED_WORKER_PLUGINS:  # every lab node sends it: nothing to alarm the volunteer
