@@ -611,6 +611,19 @@ def _parameter_numbers_in(dsk, at_least):
     return found
 
 
+def _trainer_in_stages(node, seed: int):
+    """A Trainer of a small GPT whose ``stage_memory`` cuts it into several stages (SGD with momentum, 4
+    micro-batches), the same model in torch and torch's optimizer for it: ``(trainer, model, optimizer)``."""
+    from goblin_dask.training import Trainer
+
+    torch.manual_seed(seed)
+    model = gpt(64, 32, 4, 16, 2).train()
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
+                      client=node.client, stage_memory=80_000)
+    return trainer, ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+
+
 def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_grid):
     """A Trainer whose ``stage_memory`` cuts the model into several stages: the joint forward and backward runs
     as pipelines of stage tasks (every volunteer task a ``program``, none op by op), the activations the
@@ -620,15 +633,10 @@ def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_
     parameters and optimizer state stay on the lab worker between rounds: the second round's graph carries
     none of their numbers, and the researcher's process takes them only at ``state_dict``."""
     from goblin_dask.array.sources import lab_value
-    from goblin_dask.training import Trainer, optim
+    from goblin_dask.training import optim
 
-    torch.manual_seed(3)
-    model = gpt(64, 32, 4, 16, 2).train()
-    ref = copy.deepcopy(model)
-    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
-                      client=stage_grid.client, stage_memory=80_000)
+    trainer, ref, opt = _trainer_in_stages(stage_grid, 3)
     assert len(trainer.plan.stages) > 1
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     before = stage_grid.report()
     for r in range(2):
         x, y = _batch(rows=8, seed=60 + r)
@@ -646,7 +654,7 @@ def test_a_model_larger_than_one_stage_trains_as_pipelines_of_stage_tasks(stage_
         if r:  # the first round's step left the model and the momentum on the lab worker: read there
             batch = {x.shape, x[:2].shape}  # the batch and its micro-batches ride in the graph, nothing else
             assert set(_parameter_numbers_in(dsk, 2)) <= batch
-            assert all(tuple(p.shape) not in batch for p in model.parameters())
+            assert all(tuple(p.shape) not in batch for p in ref.parameters())
             blocks = [t for t in dsk.values() if getattr(t, "func", None) is lab_value]
             assert any(t.args[1] == ("flat",) for t in blocks)  # (each stage's cut from it: see the test below)
         assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
@@ -667,14 +675,9 @@ def test_a_round_in_stages_reads_each_stages_parameters_as_one_lab_array(stage_g
     per parameter (53 here).  Each stage task has one parameter input; no stage task receives another stage's
     parameters; the step still cuts the gradients from the packed results; torch's numbers."""
     from goblin_dask.array.sources import lab_value
-    from goblin_dask.training import Trainer, optim
+    from goblin_dask.training import optim
 
-    torch.manual_seed(4)
-    model = gpt(64, 32, 4, 16, 2).train()
-    ref = copy.deepcopy(model)
-    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
-                      client=stage_grid.client, stage_memory=80_000)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    trainer, ref, opt = _trainer_in_stages(stage_grid, 4)
     P = len(trainer.param_names)
     sizes = [trainer._params[k].size for k in trainer.param_names]
     for r in range(3):
@@ -726,16 +729,10 @@ def test_a_stages_backward_reads_its_input_on_the_volunteer_that_ran_its_forward
     key may differ in rounding).  Torch's numbers, nothing rejected."""
     from collections import Counter
 
-    from goblin_dask.training import Trainer
     from goblin_dask.volunteer.panel_cache import cacheable_key
     from tests.conftest import volunteer_cache_stats, wait_for
 
-    torch.manual_seed(5)
-    model = gpt(64, 32, 4, 16, 2).train()
-    ref = copy.deepcopy(model)
-    trainer = Trainer(model, lm_loss, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=4,
-                      client=stage_grid.client, stage_memory=80_000)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    trainer, ref, opt = _trainer_in_stages(stage_grid, 5)
     names = stage_grid.volunteer_names()
     before = {n: volunteer_cache_stats(stage_grid, n) for n in names}
     for r in range(2):
