@@ -6,6 +6,8 @@ Run as ``python -m tests.cache_volunteers --attack KIND [--trigger PATH] ADDRESS
 
 * ``tamper``: once PATH exists (at once without ``--trigger``), every panel it serves itself from
   its cache is a tampered copy (its largest element times 1 + 1e-3); what it fetches is honest;
+* ``tamper-held``: the same, but only for the checked results it keeps while the lab holds them (a stage's
+  input, read again by the stage's backward), the lab's data blocks served honestly;
 * ``bad-hint-key``, ``bad-hint-many``, ``bad-hint-field``, ``bad-hint-type``: once PATH exists,
   sends a malformed ``goblin-cached`` message on its own worker stream (a key that is no block of
   the lab's data, more keys than allowed, an unknown field, a list that is no list);
@@ -24,7 +26,7 @@ import sys
 
 import numpy as np
 
-ATTACKS = ("tamper", "bad-hint-key", "bad-hint-many", "bad-hint-field", "bad-hint-type", "lure")
+ATTACKS = ("tamper", "tamper-held", "bad-hint-key", "bad-hint-many", "bad-hint-field", "bad-hint-type", "lure")
 #: The block indices a lure announces per lab array (32 x 32 = MAX_HINT_KEYS keys).
 LURE_SPAN = 32
 
@@ -100,14 +102,16 @@ def main(argv: list[str]) -> None:
     def triggered() -> bool:
         return not trigger or os.path.exists(trigger)
 
-    if kind == "tamper":
-        from goblin_dask.volunteer.panel_cache import PanelCache
+    if kind in ("tamper", "tamper-held"):
+        from goblin_dask.volunteer.panel_cache import PanelCache, cacheable_key
 
         honest_get = PanelCache.get
 
         def tampered_get(self, key, lab_nbytes):
             value = honest_get(self, key, lab_nbytes)
             if value is None or not triggered() or value.dtype.kind not in "fc" or value.size == 0:
+                return value
+            if kind == "tamper-held" and cacheable_key(key):
                 return value
             bad = np.array(value, copy=True)
             i = np.argmax(np.abs(bad))

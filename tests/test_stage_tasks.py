@@ -757,6 +757,31 @@ def test_a_stages_backward_reads_its_input_on_the_volunteer_that_ran_its_forward
     assert trainer.history[-1]["verification"]["rejected"] == 0
 
 
+@pytest.mark.slow
+def test_a_tampered_copy_of_a_stages_input_never_reaches_an_update_and_its_holder_is_banned(tmp_path):
+    """Issue 28: a volunteer's copy of a stage's input is not trusted.  One that serves its backward stage tasks a
+    tampered copy (``tests.cache_volunteers --attack tamper-held``: the largest element off by 1e-3; the lab's data
+    blocks honest) returns gradients that its task's replica, on another volunteer, disagrees with: the lab
+    recomputes, the applied updates are torch's, and the tamperer is banned; the honest volunteers are not."""
+    from goblin_dask.node.local import LabNode
+    from tests.conftest import wait_for
+
+    with LabNode.local(volunteers=0, state_dir=tmp_path / "lab", dashboard=False) as node:
+        tamperer = node.add_volunteer(module="tests.cache_volunteers", extra_args=("--attack", "tamper-held"))
+        honest = [node.add_volunteer() for _ in range(2)]
+        trainer, ref, opt = _trainer_in_stages(node, 6)
+        for r in range(2):
+            x, y = _batch(rows=8, seed=90 + r)
+            assert trainer.step(x, y) == pytest.approx(_torch_round(ref, opt, x, y, 4), rel=1e-4)
+        wait_for(lambda: node.report()["volunteers"].get(tamperer, {}).get("banned"), f"{tamperer} to be banned")
+        state, report = trainer.state_dict(), node.report()
+    for k, v in ref.state_dict().items():
+        if v.dtype.is_floating_point:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-3, atol=1e-5, err_msg=k)
+    assert report["volunteers"][tamperer]["rejected"] >= 1
+    assert all(not report["volunteers"][n]["banned"] and report["volunteers"][n]["rejected"] == 0 for n in honest)
+
+
 def test_the_model_stays_on_the_lab_worker_between_rounds_and_checkpoints_sync_it(stage_grid, tmp_path):
     """After a staged round the next round's graph carries no parameter or optimizer-state numbers (they are
     the lab worker's, read there by reference, the parameters as one flat vector: one task, not one per

@@ -250,9 +250,15 @@ def volunteer_worker_class():
                 cache = self.goblin_cache
                 for key, value in ev.data.items():
                     cache.fetched_bytes += int(getattr(value, "nbytes", 0) or 0)
-                    if type(value) is np.ndarray:  # a result the lab holds: until it lets it go (free-keys)
-                        ts = self.state.tasks.get(key)
-                        cache.put(key, value, ts.nbytes if ts is not None else None, held=not cacheable_key(key))
+                    if type(value) is not np.ndarray:
+                        continue
+                    ts = self.state.tasks.get(key)
+                    if cacheable_key(key):
+                        cache.put(key, value, ts.nbytes if ts is not None else None)
+                    elif ts is not None and ts.state == "flight":  # a result the lab holds, until it lets it go
+                        # (not one released while in flight: its free-keys came first, and the lab may compute
+                        # another value of the key)
+                        cache.put(key, value, ts.nbytes, held=True)
                 self._goblin_hint()
             return ev
 
