@@ -59,8 +59,6 @@ class VolunteerCachePlugin(SchedulerPlugin):
         self.hints = 0
         #: key in memory -> volunteer addresses it was sent to (as a task's input; lab data blocks aside)
         self.lent: dict[Any, set] = {}
-        #: volunteer address -> the keys of ``lent`` sent to it
-        self.lent_to: dict[str, set] = {}
         scheduler.stream_handlers[HINT_OP] = self.cached
         self._get_comm_cost = scheduler.get_comm_cost
         scheduler.get_comm_cost = self.get_comm_cost
@@ -104,7 +102,6 @@ class VolunteerCachePlugin(SchedulerPlugin):
                     sent.popitem(last=False)
             elif dts.state == "memory":
                 self.lent.setdefault(dts.key, set()).add(ws.address)
-                self.lent_to.setdefault(ws.address, set()).add(dts.key)
 
     def report(self) -> dict[str, dict[str, int]]:
         """``{volunteer: {"believed": keys counted as held now, "unsent": keys named that it was never sent}}``."""
@@ -118,28 +115,24 @@ class VolunteerCachePlugin(SchedulerPlugin):
     def _let_go(self, key) -> None:
         stimulus = f"goblin-lab-released-{time.time()}"
         for address in self.lent.pop(key):
-            self.lent_to.get(address, set()).discard(key)
             comm = self.scheduler.stream_comms.get(address)
             if comm is not None:
                 comm.send({"op": "free-keys", "keys": [key], "stimulus_id": stimulus})
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self.held.pop(worker, None)
-        for key in self.lent_to.pop(worker, ()):
-            holders = self.lent.get(key)
-            if holders is not None:
-                holders.discard(worker)
-                if not holders:
-                    del self.lent[key]
+        for key, holders in list(self.lent.items()):  # (a volunteer leaving is rare beside placements)
+            holders.discard(worker)
+            if not holders:
+                del self.lent[key]
 
     def get_comm_cost(self, ts, ws) -> float:
         cost = self._get_comm_cost(ts, ws)
-        held = self.held.get(ws.address)
-        lent = self.lent_to.get(ws.address)
-        if (held or lent) and cost > 0:
-            held, lent = held or (), lent or ()
+        held = self.held.get(ws.address, ())
+        if (held or self.lent) and cost > 0:
             saved = sum(dts.get_nbytes() for dts in ts.dependencies
-                        if (dts.key in held or dts.key in lent) and ws not in (dts.who_has or ()))
+                        if (dts.key in held or ws.address in self.lent.get(dts.key, ()))
+                        and ws not in (dts.who_has or ()))
             if saved:
                 cost = max(0.0, cost - saved / self.scheduler.bandwidth)
         return cost

@@ -100,8 +100,8 @@ class PanelCache:
 
     def __init__(self, limit: int):
         self.limit = int(limit)
-        #: key -> (value, its bytes, the scheduler's nbytes of the key when it was received)
-        self.entries: OrderedDict[Any, tuple[Any, int, int | None]] = OrderedDict()
+        #: key -> (value, its bytes, the scheduler's nbytes of the key when it was received, held: no lab data block)
+        self.entries: OrderedDict[Any, tuple[Any, int, int | None, bool]] = OrderedDict()
         self.bytes = 0
         self.peak = 0
         self.hits = 0
@@ -140,15 +140,15 @@ class PanelCache:
         elif source:
             self.added.add(key)
             self.removed.discard(key)
-        self.entries[key] = (value, nbytes, lab_nbytes)
+        self.entries[key] = (value, nbytes, lab_nbytes, not source)
         self.bytes += nbytes
         while self.bytes > self.limit:
-            k, (_, n, _) = self.entries.popitem(last=False)
+            k, (_, n, _, was_held) = self.entries.popitem(last=False)
             self.bytes -= n
             self.evicted += 1
             if k in self.added:
                 self.added.discard(k)
-            elif cacheable_key(k):
+            elif not was_held:
                 self.removed.add(k)
         self.peak = max(self.peak, self.bytes)
         return key in self.entries
@@ -158,8 +158,10 @@ class PanelCache:
         in rounding); lab data blocks stay (their name is their content).  Returns how many were dropped."""
         dropped = 0
         for key in keys:
-            if not cacheable_key(key) and key in self.entries:
-                self.bytes -= self.entries.pop(key)[1]
+            entry = self.entries.get(key)
+            if entry is not None and entry[3]:
+                del self.entries[key]
+                self.bytes -= entry[1]
                 dropped += 1
         self.released += dropped
         return dropped
@@ -173,7 +175,7 @@ class PanelCache:
         self.entries.move_to_end(key)
         self.hits += 1
         self.hit_bytes += entry[1]
-        if not cacheable_key(key):
+        if entry[3]:
             self.held_hits += 1
         return entry[0]
 
@@ -196,5 +198,5 @@ class PanelCache:
     def stats(self) -> dict:
         return {"keys": len(self.entries), "bytes": self.bytes, "peak_bytes": self.peak, "limit": self.limit,
                 "hits": self.hits, "hit_bytes": self.hit_bytes, "misses": self.misses, "evicted": self.evicted,
-                "fetched_bytes": self.fetched_bytes, "held": sum(not cacheable_key(k) for k in self.entries),
+                "fetched_bytes": self.fetched_bytes, "held": sum(e[3] for e in self.entries.values()),
                 "held_hits": self.held_hits, "released": self.released}

@@ -37,9 +37,6 @@ BLOCKED_HANDLERS = {
     "benchmark_network": "burns the volunteer's network",
 }
 
-#: Stimulus of the volunteer's own release of the inputs it used (unlike the lab's ``free-keys``, it keeps the cache).
-USED_INPUTS = "goblin-used-inputs-"
-
 #: Worker plugins every lab node's scheduler sends at registration (distributed installs them by default);
 #: a volunteer skips them like any plugin, but says so without a warning.
 EXPECTED_WORKER_PLUGINS = {"shuffle": "dask's shuffle extension, unused by catalog operations"}
@@ -211,8 +208,8 @@ def volunteer_worker_class():
                 self.loop.add_callback(self.free_used_inputs)
 
         def handle_stimulus(self, *stims):
-            for ev in stims:  # the lab let these keys go: a held copy is stale from now on
-                if isinstance(ev, FreeKeysEvent) and not ev.stimulus_id.startswith(USED_INPUTS):
+            for ev in stims:  # the lab let these keys go (free-keys): a held copy is stale from now on
+                if isinstance(ev, FreeKeysEvent):
                     self.goblin_cache.release(ev.keys)
             arrived = any(isinstance(ev, ComputeTaskEvent) for ev in stims)
             if arrived and self.goblin_cache.limit > 0:
@@ -232,7 +229,8 @@ def volunteer_worker_class():
                     data = {}
                     for dep, nbytes in ev.nbytes.items():
                         ts = self.state.tasks.get(dep)
-                        kept = cacheable_key(dep) or dep in self.goblin_cache  # (a miss counts once, for a block)
+                        # a lab data block is looked up even when absent (a miss counts); a held result only when kept
+                        kept = cacheable_key(dep) or dep in self.goblin_cache
                         if (ts is None or ts.state == "released") and kept:
                             value = self.goblin_cache.get(dep, nbytes)
                             if value is not None:
@@ -278,7 +276,8 @@ def volunteer_worker_class():
             return await super().close(*args, **kwargs)
 
         def free_used_inputs(self):
-            """Free fetched inputs that no task of this volunteer still needs (the cache keeps its copies)."""
+            """Free fetched inputs that no task of this volunteer still needs (the cache keeps its copies: the release
+            goes to distributed's state machine directly, past :meth:`handle_stimulus`, which drops held copies)."""
             busy = ("waiting", "ready", "constrained", "executing", "long-running", "resumed", "cancelled")
             done = []
             for key in list(self.goblin_fetched):
@@ -288,7 +287,7 @@ def volunteer_worker_class():
                 elif ts.state == "memory" and not any(d.state in busy for d in ts.dependents):
                     done.append(key)
             if done:  # their release-worker-data messages are dropped above
-                self.handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"{USED_INPUTS}{time.time()}"))
+                super().handle_stimulus(FreeKeysEvent(keys=done, stimulus_id=f"goblin-used-inputs-{time.time()}"))
 
         async def plugin_add(self, plugin=None, name=None, catch_errors=True):
             if name in EXPECTED_WORKER_PLUGINS:  # every lab node sends it: nothing to alarm the volunteer
