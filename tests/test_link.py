@@ -610,13 +610,24 @@ async def _closed_by_the_lab(comm) -> bool:
         comm.abort()
 
 
-def _peer_ports(pid: int) -> set[int]:
-    return {c.laddr.port for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_ESTABLISHED}
+def _ends_of(pid: int) -> set[tuple]:
+    """Process ``pid``'s established connections, each as (its end, the far end)."""
+    return {(tuple(c.laddr), tuple(c.raddr)) for c in psutil.Process(pid).net_connections()
+            if c.status == psutil.CONN_ESTABLISHED}
 
 
-def _connections_from(node, part: str, ports: set[int]) -> int:
-    return sum(1 for c in psutil.Process(node.processes[part].pid).net_connections()
-               if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED)
+def _connections_from(node, part: str, ends: set[tuple]) -> list[tuple]:
+    """Those of ``ends`` (another process's connections) that ``part`` holds the far end of: matched on both
+    ends, as a port alone may be reused by another process's connection to another address."""
+    return [(near, far) for far, near in _ends_of(node.processes[part].pid) if (near, far) in ends]
+
+
+def _left_open(node, part: str, ends: set[tuple], victim: str) -> str:
+    """What a failed wait for ``part`` to close ``victim``'s connections left: those connections, and what
+    ``part``'s log says of ``victim``."""
+    left = _connections_from(node, part, ends)
+    log = (node.state_dir / "logs" / f"{part}.log").read_text(errors="replace").splitlines()
+    return f"still open {left}; its log of {victim}:\n" + "\n".join(line for line in log if victim in line)
 
 
 @pytest.mark.parametrize("how", ["banned", "revoked"])
@@ -638,9 +649,9 @@ def test_a_banned_or_revoked_volunteer_is_served_nothing_and_its_connections_are
     parked = [node.client.sync(_open, address, security, standby)[0] for address in (node.address, lab_worker)]
     # ... and a real volunteer process, stopped so that only the lab can close what it holds
     victim = node.add_volunteer()
-    wait_for(lambda: _connections_from(node, "lab-worker", _peer_ports(node.processes[victim].pid)) >= 1,
+    wait_for(lambda: _connections_from(node, "lab-worker", _ends_of(node.processes[victim].pid)),
              timeout=60, what=f"{victim}'s standby connections to the lab worker")
-    victim_ports = _peer_ports(node.processes[victim].pid)
+    victim_ends = _ends_of(node.processes[victim].pid)
     os.killpg(node.processes[victim].pid, signal.SIGSTOP)
     try:
         for who in (name, victim):
@@ -651,8 +662,11 @@ def test_a_banned_or_revoked_volunteer_is_served_nothing_and_its_connections_are
         for comm in (calls, *parked):
             assert node.client.sync(_closed_by_the_lab, comm)
         for part in ("scheduler", "lab-worker"):
-            wait_for(lambda: _connections_from(node, part, victim_ports) == 0, timeout=30,
-                     what=f"the {part} to close {victim}'s connections")
+            try:
+                wait_for(lambda: not _connections_from(node, part, victim_ends), timeout=30,
+                         what=f"the {part} to close {victim}'s connections")
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {_left_open(node, part, victim_ends, victim)}") from None
         wait_for(lambda: victim not in node.volunteer_names(), timeout=30, what=f"{victim} removed")
     finally:
         node.kill_volunteer(victim)
