@@ -190,7 +190,10 @@ def test_the_lab_admin_volunteer_and_researcher_quickstarts_run_as_written(tmp_p
         # -- the volunteer: 3. control it
         status, pause, resume = volunteer[2]
         said = grid.run("volunteer", status).stdout
-        assert re.search(r"done\D*[1-9]", said), said  # it computed tasks
+        assert re.search(r"\b[1-9]\d* tasks done", said), said  # it computed tasks ...
+        # ... and shows the lab's record of them once it asked for it again (every LAB_REFRESH seconds)
+        wait_for(lambda: re.search(r"verified [1-9]", grid.run("volunteer", status).stdout),
+                 "the volunteer's status to show its verified work", timeout=60, interval=1.0)
         grid.run("volunteer", pause)
         grid.run("volunteer", resume)
         assert grid.processes[1].poll() is None
