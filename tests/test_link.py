@@ -24,7 +24,7 @@ from distributed.protocol.serialize import ToPickle
 import goblin_dask.array as ga
 from goblin_dask.node.local import LabNode
 from goblin_dask.tls import Credential
-from tests.conftest import wait_for
+from tests.conftest import read_log, wait_for
 from tests.hostile_link import Command
 
 
@@ -626,7 +626,7 @@ def _left_open(node, part: str, ends: set[tuple], victim: str) -> str:
     """What a failed wait for ``part`` to close ``victim``'s connections left: those connections, and what
     ``part``'s log says of ``victim``."""
     left = _connections_from(node, part, ends)
-    log = (node.state_dir / "logs" / f"{part}.log").read_text(errors="replace").splitlines()
+    log = read_log(node._log_path(part)).splitlines()
     return f"still open {left}; its log of {victim}:\n" + "\n".join(line for line in log if victim in line)
 
 

@@ -1116,6 +1116,7 @@ def test_a_tampered_resident_copy_of_the_parameters_is_caught_and_a_returning_vo
 
     from goblin_dask.node.local import LabNode
     from goblin_dask.training import Trainer
+    from tests.conftest import read_log
 
     trigger = tmp_path / f"tamper-{uuid.uuid4().hex}"
     torch.manual_seed(12)
@@ -1142,7 +1143,7 @@ def test_a_tampered_resident_copy_of_the_parameters_is_caught_and_a_returning_vo
             round_as_torchs(80 + r)
             if node.report()["volunteers"][tamperer]["rejected"] >= 1:
                 break
-        served = (node.state_dir / "logs" / f"{tamperer}.log").read_text().count("serving a tampered copy")
+        served = read_log(node._log_path(tamperer)).count("serving a tampered copy")
         assert served >= 1, f"in {r} rounds its tasks never read the parameters from its cache"
         node.kill_volunteer(tamperer)
         node.add_volunteer()
